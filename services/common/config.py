@@ -1,0 +1,90 @@
+"""Typed configuration of the three services.
+
+Configuration flows one way: command-line flags → one of these frozen dataclasses → constructors.
+Values only known at run time (block capacity, fingerprints) travel in RPC responses, never as edits
+to these objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """`--speculative-config '{"method":"dspark","num_speculative_tokens":7}'`; None when absent."""
+
+    method: str
+    num_speculative_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerateDefaults:
+    """`--generate-config '{"max_new_tokens":2048,"temperature":0}'`: request defaults."""
+
+    max_new_tokens: int = 2048
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    backend: str = "cpu"  # "cpu" or "cuda"
+    devices: tuple[int, ...] = ()
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    model_dir: Path
+    served_model_name: str
+    worker_addresses: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_model_len: int = 16384
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 128
+    block_size: int = 32
+    enable_prefix_caching: bool = True
+    speculative: Optional[SpeculativeConfig] = None
+    generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)
+    grammar_compile_threads: int = 2
+    # A constrained request that cannot get blocks while nothing else can progress is rejected after
+    # this long (seconds).
+    stall_timeout_s: float = 5.0
+    # Seconds between readiness round trips to the workers.
+    worker_probe_interval_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 50061
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    block_size: int = 32
+    max_model_len: int = 16384
+    max_num_batched_tokens: int = 8192
+    # Number of blocks per block group per partition; None: derived from kv_cache_memory_bytes.
+    num_blocks: Optional[int] = None
+    kv_cache_memory_bytes: int = 1 << 30
+    # "float32" or "bfloat16"; None: float32 on CPU, bfloat16 on CUDA.
+    dtype: Optional[str] = None
+    speculative: Optional[SpeculativeConfig] = None
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    model_dir: Path
+    served_model_name: str
+    scheduler_address: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)

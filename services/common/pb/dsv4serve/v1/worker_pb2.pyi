@@ -1,0 +1,161 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("scheduler_abi_version", "scheduler_build")
+    SCHEDULER_ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_BUILD_FIELD_NUMBER: _ClassVar[int]
+    scheduler_abi_version: int
+    scheduler_build: str
+    def __init__(self, scheduler_abi_version: _Optional[int] = ..., scheduler_build: _Optional[str] = ...) -> None: ...
+
+class Topology(_message.Message):
+    __slots__ = ("world_size", "dp", "tp", "ep", "host_ranks", "backend")
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    EP_FIELD_NUMBER: _ClassVar[int]
+    HOST_RANKS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    world_size: int
+    dp: int
+    tp: int
+    ep: int
+    host_ranks: _containers.RepeatedScalarFieldContainer[int]
+    backend: str
+    def __init__(self, world_size: _Optional[int] = ..., dp: _Optional[int] = ..., tp: _Optional[int] = ..., ep: _Optional[int] = ..., host_ranks: _Optional[_Iterable[int]] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class CacheFamily(_message.Message):
+    __slots__ = ("name", "group", "rows_per_block", "bytes_per_block", "bytes_per_sequence")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    group: str
+    rows_per_block: int
+    bytes_per_block: int
+    bytes_per_sequence: int
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., rows_per_block: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., bytes_per_sequence: _Optional[int] = ...) -> None: ...
+
+class BlockGroup(_message.Message):
+    __slots__ = ("name", "num_blocks", "bytes_per_block", "sliding_window")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_blocks: int
+    bytes_per_block: int
+    sliding_window: int
+    def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype")
+    ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUILD_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    abi_version: int
+    build_id: str
+    model_fingerprint: str
+    topology: Topology
+    block_size: int
+    vocab_size: int
+    eos_token_id: int
+    partition_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_groups: _containers.RepeatedCompositeFieldContainer[BlockGroup]
+    cache_families: _containers.RepeatedCompositeFieldContainer[CacheFamily]
+    max_num_batched_tokens: int
+    compute_dtype: str
+    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ...) -> None: ...
+
+class NewSequence(_message.Message):
+    __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_VALUES_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    partition_id: int
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logit_bias_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logit_bias_values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class TokenMask(_message.Message):
+    __slots__ = ("allowed_token_ids", "bitmask")
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BITMASK_FIELD_NUMBER: _ClassVar[int]
+    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    bitmask: bytes
+    def __init__(self, allowed_token_ids: _Optional[_Iterable[int]] = ..., bitmask: _Optional[bytes] = ...) -> None: ...
+
+class ScheduledRow(_message.Message):
+    __slots__ = ("seq_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_block_ids", "new_window_block_ids", "sample", "mask")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_WINDOW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    num_computed_tokens: int
+    num_new_tokens: int
+    append_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    new_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    new_window_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    sample: bool
+    mask: TokenMask
+    def __init__(self, seq_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., new_window_block_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("step_id", "new_sequences", "rows", "finished_seq_ids")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
+    rows: _containers.RepeatedCompositeFieldContainer[ScheduledRow]
+    finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[ScheduledRow, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RowResult(_message.Message):
+    __slots__ = ("seq_id", "sampled_token_id", "error")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    sampled_token_id: int
+    error: str
+    def __init__(self, seq_id: _Optional[int] = ..., sampled_token_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("step_id", "results", "forward_ns", "error")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    results: _containers.RepeatedCompositeFieldContainer[RowResult]
+    forward_ns: int
+    error: str
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RowResult, _Mapping]]] = ..., forward_ns: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
