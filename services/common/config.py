@@ -88,3 +88,23 @@ class FrontendConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """`dsv4serve stack`: one worker, one scheduler and one frontend as local child processes.
+
+    A port of 0 in any of the three configs means "pick a free port"; the launcher resolves it before
+    starting anything and passes the chosen addresses down (to the scheduler's `worker_addresses` and
+    the frontend's `scheduler_address`).
+    """
+
+    worker: WorkerConfig
+    scheduler: SchedulerConfig
+    frontend: FrontendConfig
+    # Seconds the whole stack may take to become ready (worker, then scheduler, then frontend /health).
+    startup_timeout_s: float = 300.0
+    # Children's stdout/stderr go to <log_dir>/<service>.log; None: inherited from the launcher.
+    log_dir: Optional[Path] = None
+    # When set, the launcher writes {"base_url", "scheduler_address", "worker_address"} here once ready.
+    ready_file: Optional[Path] = None
