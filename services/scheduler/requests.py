@@ -1,0 +1,126 @@
+"""One generation request as the scheduler tracks it, and the events it streams to its caller.
+
+State machine: GRAMMAR_PENDING → WAITING → RUNNING → FINISHED, and RUNNING → WAITING on preemption
+(the request then restarts as a new worker sequence whose prompt is prompt + outputs so far).
+The step loop is the only writer of a `Request`; the servicer only reads the events it is sent.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+from services.scheduler.errors import ErrorKind
+
+
+class RequestPhase(enum.Enum):
+    GRAMMAR_PENDING = 1
+    WAITING = 2
+    RUNNING = 3
+    FINISHED = 4
+
+
+class FinishReason(enum.Enum):
+    STOP = 1
+    LENGTH = 2
+    ABORT = 3
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What a constrained request may generate: `kind` is "structural_tag", "json_schema" or
+    "json_object"; `spec` the grammar text (ignored for json_object)."""
+
+    kind: str
+    spec: str
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """A Generate call after proto conversion, before admission."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: Optional[int]
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
+    constraint: Optional[ConstraintSpec] = None
+
+
+@dataclass(frozen=True)
+class AdmittedEvent:
+    prompt_tokens: int
+    max_tokens: int
+    constrained: bool
+    max_tokens_capped: bool
+
+
+@dataclass(frozen=True)
+class TokensEvent:
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    hit_max_model_len: bool
+
+
+@dataclass(frozen=True)
+class FailedEvent:
+    """Ends the stream with an error status (a rejection when it comes before `AdmittedEvent`)."""
+
+    kind: ErrorKind
+    message: str
+
+
+RequestEvent = Union[AdmittedEvent, TokensEvent, FinishedEvent, FailedEvent]
+EventSink = Callable[[RequestEvent], None]
+
+
+@dataclass(eq=False)
+class Request:
+    """A live request. `seq_*` fields describe its current worker sequence (reset on preemption)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    logit_bias: tuple[tuple[int, float], ...]
+    ignore_eos: bool
+    constraint: Optional[ConstraintSpec]
+    emit: EventSink
+    arrival: int  # admission order; FCFS ties and "youngest first" victim choice use it
+    phase: RequestPhase = RequestPhase.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Grammar matcher (RequestMatcher) while the request holds one; None otherwise.
+    matcher: Optional[Any] = None
+    grammar_status: str = "none"
+    # Current worker sequence: None while it has none (waiting, finished).
+    seq_id: Optional[int] = None
+    partition_id: Optional[int] = None
+    num_computed_tokens: int = 0
+    # Tokens of this sequence the worker already knows (NewSequence prompt + appended outputs).
+    num_known_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def constrained(self) -> bool:
+        return self.constraint is not None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def tokens_in_range(self, start: int, end: int) -> list[int]:
+        """Token ids of positions [start, end) of prompt + outputs."""
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def release_matcher(self) -> None:
+        if self.matcher is not None:
+            self.matcher.release()
+            self.matcher = None

@@ -1,0 +1,85 @@
+"""The step descriptor and its results as plain dataclasses, mirroring worker.proto field by field.
+
+`worker_client.py` converts them to and from protos; everything else in the scheduler uses these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from services.scheduler.kv_cache import BlockGroupSpec
+
+
+@dataclass(frozen=True)
+class NewSequence:
+    """Sent once, in the first step that schedules the sequence."""
+
+    seq_id: int
+    partition_id: int
+    prompt_token_ids: list[int]
+    logit_bias_token_ids: list[int] = field(default_factory=list)
+    logit_bias_values: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenMask:
+    """Exactly one form is set: allowed ids (ascending) or XGrammar's int32 bitmask bytes."""
+
+    allowed_token_ids: Optional[list[int]] = None
+    bitmask: Optional[bytes] = None
+
+
+@dataclass
+class ScheduledRow:
+    """Compute `num_new_tokens` positions from `num_computed_tokens`; see worker.proto ScheduledRow."""
+
+    seq_id: int
+    num_computed_tokens: int
+    num_new_tokens: int
+    append_token_ids: list[int] = field(default_factory=list)
+    new_block_ids: list[int] = field(default_factory=list)
+    new_window_block_ids: list[int] = field(default_factory=list)
+    sample: bool = False
+    mask: Optional[TokenMask] = None
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new_sequences: list[NewSequence] = field(default_factory=list)
+    rows: list[ScheduledRow] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(row.num_new_tokens for row in self.rows)
+
+
+@dataclass(frozen=True)
+class RowResult:
+    seq_id: int
+    sampled_token_id: Optional[int]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step_id: int
+    results: list[RowResult]
+    forward_ns: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerDescription:
+    """The facts of a worker's Describe answer the scheduler uses."""
+
+    abi_version: int
+    build_id: str
+    model_fingerprint: str
+    block_size: int
+    vocab_size: int
+    eos_token_id: int
+    partition_ids: tuple[int, ...]
+    block_groups: tuple[BlockGroupSpec, ...]
+    max_num_batched_tokens: int

@@ -1,0 +1,72 @@
+"""Committing one sampled token to a request: grammar acceptance, forced continuation, stop checks.
+
+Order matters: the matcher must accept the sampled token before anything is streamed (a refusal fails
+only this request); EOS ends an unconstrained request unless `ignore_eos`, and a constrained one only
+when the grammar has terminated; grammar-forced tokens are committed right after the sampled token so
+the next row computes them together. EOS is counted in completion tokens but never streamed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+from services.scheduler.requests import FinishReason, Request, TokensEvent
+
+
+class StopLimits(Protocol):
+    max_model_len: int
+    eos_token_id: int
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    finish: Optional[FinishReason] = None
+    hit_max_model_len: bool = False
+    error: Optional[str] = None  # the request must fail with INTERNAL
+
+
+def commit_sampled_token(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
+    matcher = request.matcher
+    if matcher is not None and not matcher.accept(token_id):
+        request.grammar_status = f"error: refused token {token_id}"
+        return CommitOutcome(error=f"grammar refused token {token_id} sampled for request "
+                                   f"{request.request_id} (after {len(request.output_token_ids)} "
+                                   f"output tokens)")
+    request.output_token_ids.append(token_id)
+    if token_id == limits.eos_token_id and _eos_stops(request):
+        _note_grammar_state(request)
+        return CommitOutcome(finish=FinishReason.STOP)
+    new_tokens = [token_id]
+    room = _room_left(request, limits)
+    if matcher is not None and room > 0 and not matcher.is_terminated():
+        forced = matcher.forced_tokens(room)
+        request.output_token_ids.extend(forced)
+        new_tokens.extend(forced)
+    request.emit(TokensEvent(tuple(new_tokens)))
+    _note_grammar_state(request)
+    return _stop_after_tokens(request, limits)
+
+
+def _eos_stops(request: Request) -> bool:
+    if request.matcher is not None:
+        return request.matcher.is_terminated()
+    return not request.ignore_eos
+
+
+def _room_left(request: Request, limits: StopLimits) -> int:
+    return min(request.max_tokens - len(request.output_token_ids),
+               limits.max_model_len - request.num_tokens)
+
+
+def _note_grammar_state(request: Request) -> None:
+    if request.matcher is not None and request.matcher.is_terminated():
+        request.grammar_status = "terminated"
+
+
+def _stop_after_tokens(request: Request, limits: StopLimits) -> CommitOutcome:
+    hit_max_model_len = request.num_tokens >= limits.max_model_len
+    if request.matcher is not None and request.matcher.is_terminated():
+        return CommitOutcome(finish=FinishReason.STOP)
+    if len(request.output_token_ids) >= request.max_tokens or hit_max_model_len:
+        return CommitOutcome(finish=FinishReason.LENGTH, hit_max_model_len=hit_max_model_len)
+    return CommitOutcome()
