@@ -1,0 +1,194 @@
+"""Operators' flags → config objects: the guide's command line works, mistakes name their flag."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from services.common import cli_args
+from services.common.config import GenerateDefaults, SpeculativeConfig
+
+MODEL = Path("/models/dsv4-flash-dspark-w8a8")
+DSPARK_K7 = '{"method":"dspark","num_speculative_tokens":7}'
+
+# The deployment guide's command line, minus the program name (NPU-only flags included).
+GUIDE_ARGV = [
+    "--model", str(MODEL), "--served-model-name", "dsv4-flash-dspark-w8a8",
+    "--backend", "cuda", "--platform", "a2a3",
+    "--devices", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+    "--dp", "4", "--ep", "16", "--tp", "4", "--block-size", "32",
+    "--max-model-len", "16384", "--max-num-seqs", "8", "--max-num-batched-tokens", "8192",
+    "--long-prefill-token-threshold", "128", "--speculative-config", DSPARK_K7,
+    "--enable-prefix-caching", "--ring-heap", "2147483648,2147483648,4294967296,8589934592",
+    "--generate-config", '{"max_new_tokens":2048,"temperature":0}',
+    "--host", "127.0.0.1", "--port", "8000",
+]
+
+
+def no_default_model() -> Path:
+    raise AssertionError("the default model must not be resolved when --model is given or flags are bad")
+
+
+def parse_error(capsys: pytest.CaptureFixture[str], parse, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv, environ={}, default_model_dir=no_default_model)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+class TestGuideCommandLine:
+    def test_guide_flags_build_the_canonical_dspark_stack(self) -> None:
+        stack = cli_args.parse_stack_args(GUIDE_ARGV, environ={}, default_model_dir=no_default_model)
+
+        topology = stack.worker.topology
+        assert (topology.backend, topology.dp, topology.tp, topology.ep) == ("cuda", 4, 4, 16)
+        assert topology.devices == tuple(range(16))
+        assert stack.worker.speculative == SpeculativeConfig("dspark", 7)
+        assert stack.scheduler.speculative == SpeculativeConfig("dspark", 7)
+        assert stack.scheduler.served_model_name == "dsv4-flash-dspark-w8a8"
+        assert stack.frontend.served_model_name == "dsv4-flash-dspark-w8a8"
+        assert (stack.scheduler.max_num_seqs, stack.scheduler.max_num_batched_tokens) == (8, 8192)
+        assert stack.scheduler.long_prefill_token_threshold == 128
+        assert stack.scheduler.enable_prefix_caching is True
+        assert stack.frontend.generate_defaults == GenerateDefaults(max_new_tokens=2048, temperature=0.0)
+        assert (stack.frontend.host, stack.frontend.port) == ("127.0.0.1", 8000)
+
+    def test_internal_services_are_wired_to_each_other(self) -> None:
+        stack = cli_args.parse_stack_args(
+            ["--model", str(MODEL), "--scheduler-port", "6001", "--worker-port", "6002"],
+            environ={}, default_model_dir=no_default_model)
+
+        assert stack.worker.port == 6002
+        assert stack.scheduler.worker_addresses == ("127.0.0.1:6002",)
+        assert stack.scheduler.port == 6001
+        assert stack.frontend.scheduler_address == "127.0.0.1:6001"
+
+    def test_npu_only_settings_are_named_in_warnings(self, caplog: pytest.LogCaptureFixture) -> None:
+        with caplog.at_level(logging.WARNING, logger="services.common.cli_args"):
+            cli_args.parse_stack_args(GUIDE_ARGV, environ={"PYPTO_CACHE": "1", "PYPTO_CACHE_DIR": "/c", "HOME": "/"},
+                                      default_model_dir=no_default_model)
+
+        text = caplog.text
+        for name in ("--platform a2a3", "--ring-heap", "PYPTO_CACHE", "PYPTO_CACHE_DIR"):
+            assert name in text
+        assert "HOME" not in text
+
+    def test_no_warning_without_npu_settings(self, caplog: pytest.LogCaptureFixture) -> None:
+        with caplog.at_level(logging.WARNING, logger="services.common.cli_args"):
+            cli_args.parse_worker_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
+        assert caplog.text == ""
+
+
+class TestStartupErrorsNameTheFlag:
+    def test_backend_npu_is_a_clear_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_stack_args, ["--backend", "npu"])
+        assert "--backend npu is not supported" in err
+
+    def test_unknown_backend_is_rejected(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_worker_args, ["--backend", "tpu"])
+        assert "--backend tpu" in err
+
+    def test_dspark_needs_ep_equal_to_world(self, capsys: pytest.CaptureFixture[str]) -> None:
+        argv = ["--dp", "2", "--tp", "2", "--ep", "2", "--speculative-config", DSPARK_K7]
+        err = parse_error(capsys, cli_args.parse_worker_args, argv)
+        assert "--ep 2" in err and "= 4" in err
+
+    def test_dspark_accepts_dp_tp_with_ep_equal_to_world(self) -> None:
+        argv = ["--model", str(MODEL), "--dp", "2", "--tp", "2", "--ep", "4", "--speculative-config", DSPARK_K7]
+        worker = cli_args.parse_worker_args(argv, environ={}, default_model_dir=no_default_model)
+        assert worker.topology.world_size == 4
+
+    def test_dspark_needs_block_size_32(self, capsys: pytest.CaptureFixture[str]) -> None:
+        argv = ["--block-size", "16", "--speculative-config", DSPARK_K7]
+        assert "--block-size 16" in parse_error(capsys, cli_args.parse_scheduler_args, argv)
+        assert "--block-size 16" in parse_error(capsys, cli_args.parse_stack_args, argv)
+
+    def test_block_size_is_free_without_dspark(self) -> None:
+        worker = cli_args.parse_worker_args(["--model", str(MODEL), "--block-size", "16"],
+                                            environ={}, default_model_dir=no_default_model)
+        assert worker.block_size == 16
+
+    def test_cuda_devices_must_match_ranks(self, capsys: pytest.CaptureFixture[str]) -> None:
+        argv = ["--backend", "cuda", "--dp", "2", "--tp", "2", "--ep", "4", "--devices", "0,1"]
+        err = parse_error(capsys, cli_args.parse_stack_args, argv)
+        assert "--devices lists 2" in err and "4 ranks" in err
+
+    def test_ep_must_divide_world(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_worker_args, ["--dp", "2", "--ep", "3"])
+        assert "--ep 3" in err
+
+    @pytest.mark.parametrize("flag", ["--speculative-config", "--generate-config"])
+    def test_bad_json_names_the_flag(self, capsys: pytest.CaptureFixture[str], flag: str) -> None:
+        err = parse_error(capsys, cli_args.parse_stack_args, [flag, "{method: dspark"])
+        assert f"argument {flag}: invalid JSON" in err
+
+    def test_unknown_speculative_method_is_rejected(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_worker_args,
+                          ["--speculative-config", '{"method":"eagle","num_speculative_tokens":3}'])
+        assert "argument --speculative-config" in err and "eagle" in err
+
+    def test_non_greedy_default_temperature_is_rejected(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_frontend_args, ["--generate-config", '{"temperature":0.7}'])
+        assert "argument --generate-config" in err and "greedy" in err
+
+    def test_unknown_generate_config_key_is_rejected(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_scheduler_args, ["--generate-config", '{"top_k":5}'])
+        assert "argument --generate-config" in err and "top_k" in err
+
+    @pytest.mark.parametrize("flag", ["--dp", "--max-model-len", "--max-num-seqs", "--block-size"])
+    def test_sizes_must_be_positive(self, capsys: pytest.CaptureFixture[str], flag: str) -> None:
+        err = parse_error(capsys, cli_args.parse_stack_args, [flag, "0"])
+        assert f"argument {flag}: must be a positive integer" in err
+
+    def test_worker_addresses_need_a_port(self, capsys: pytest.CaptureFixture[str]) -> None:
+        err = parse_error(capsys, cli_args.parse_scheduler_args, ["--workers", "10.0.0.1:50061,10.0.0.2"])
+        assert "argument --workers" in err and "10.0.0.2" in err
+
+
+class TestDefaults:
+    def test_missing_model_uses_the_default_tiny_model(self, tmp_path: Path) -> None:
+        tiny = tmp_path / "tiny-a"
+        frontend = cli_args.parse_frontend_args([], environ={}, default_model_dir=lambda: tiny)
+        assert frontend.model_dir == tiny
+        assert frontend.served_model_name == "tiny-a"
+
+    def test_prefix_caching_can_be_turned_off(self) -> None:
+        scheduler = cli_args.parse_scheduler_args(["--model", str(MODEL), "--no-enable-prefix-caching"],
+                                                  environ={}, default_model_dir=no_default_model)
+        assert scheduler.enable_prefix_caching is False
+
+    def test_service_ports_default_to_the_documented_ones(self) -> None:
+        stack = cli_args.parse_stack_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
+        assert (stack.frontend.port, stack.scheduler.port, stack.worker.port) == (8000, 50051, 50061)
+
+    def test_cpu_backend_has_no_devices_and_auto_dtype(self) -> None:
+        worker = cli_args.parse_worker_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
+        assert worker.topology.devices == () and worker.dtype is None
+
+    @pytest.mark.parametrize("text,expected", [("4GiB", 4 << 30), ("512MiB", 512 << 20), ("2G", 2 << 30),
+                                               ("1048576", 1 << 20)])
+    def test_kv_cache_memory_sizes(self, text: str, expected: int) -> None:
+        worker = cli_args.parse_worker_args(["--model", str(MODEL), "--kv-cache-memory", text],
+                                            environ={}, default_model_dir=no_default_model)
+        assert worker.kv_cache_memory_bytes == expected
+
+
+class TestChildArgvRoundTrip:
+    """The launcher starts its children with `*_argv(config)`; they must rebuild the same config."""
+
+    def test_every_service_rebuilds_its_config(self) -> None:
+        argv = GUIDE_ARGV + ["--num-blocks", "512", "--dtype", "bfloat16", "--no-enable-prefix-caching"]
+        stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
+        kw = dict(environ={}, default_model_dir=no_default_model)
+
+        assert cli_args.parse_worker_args(cli_args.worker_argv(stack.worker), **kw) == stack.worker
+        assert cli_args.parse_scheduler_args(cli_args.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
+        assert cli_args.parse_frontend_args(cli_args.frontend_argv(stack.frontend), **kw) == stack.frontend
+
+    def test_defaults_round_trip(self) -> None:
+        stack = cli_args.parse_stack_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
+        kw = dict(environ={}, default_model_dir=no_default_model)
+
+        assert cli_args.parse_worker_args(cli_args.worker_argv(stack.worker), **kw) == stack.worker
+        assert cli_args.parse_scheduler_args(cli_args.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
