@@ -1,0 +1,187 @@
+"""DeepSeek-V4 attention of one layer over paged caches: sliding window + compressed entries.
+
+One shared kv vector per token serves as key and value. Projections run batched over every row of
+the step; the cache reads and the softmax run per chunk (one sequence's rows).
+
+Keys visible to query t: raw kv at positions max(0, t−W+1)..t (the `window` group), plus compressed
+entry j iff j < (t+1)//ratio — all of them for ratio 128, the indexer's top-k for ratio 4.
+A per-head sink adds exp(sink) to the softmax denominator and has no value.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from services.worker.model import compressor, numerics
+from services.worker.model.batch import ChunkRows, StepBatch
+from services.worker.model.config import ModelConfig
+from services.worker.model.compressor import CompressorSpec, CompressorState
+from services.worker.model.kv_cache import PagedKvCache
+from services.worker.model.weights import ModelWeights
+
+SequenceState = dict[str, CompressorState]
+
+
+class AttentionLayer:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer_id: int, prefix: str):
+        self.config = config
+        self.w = weights
+        self.layer_id = layer_id
+        self.prefix = prefix                  # e.g. "layers.3.attn."
+        self.ratio = config.layer_ratio(layer_id)
+        rd = config.qk_rope_head_dim
+        if self.ratio == 0:
+            # Sliding-window-only layers: plain RoPE, no YaRN.
+            self.inv_freq = numerics.rope_inv_freq(rd, config.rope_theta, None)
+        else:
+            ys = config.rope_scaling
+            yarn = None if ys is None else (ys.original_max_position_embeddings, ys.factor,
+                                            ys.beta_fast, ys.beta_slow)
+            self.inv_freq = numerics.rope_inv_freq(rd, config.compress_rope_theta, yarn)
+        self.kv_spec: Optional[CompressorSpec] = None
+        self.index_spec: Optional[CompressorSpec] = None
+        if self.ratio:
+            self.kv_spec = CompressorSpec(prefix + "compressor.", self.ratio, config.head_dim, rd,
+                                          rotate=False)
+        if self.ratio == 4:
+            self.index_spec = CompressorSpec(prefix + "indexer.compressor.", 4,
+                                             config.index_head_dim, rd, rotate=True)
+
+    # ---- projections (all rows of the step) ---------------------------------------------------
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False
+              ) -> torch.Tensor:
+        rot = numerics.rope_table(self.inv_freq, positions)
+        return numerics.apply_rope(x, rot, self.config.qk_rope_head_dim, inverse)
+
+    def _queries_and_kv(self, y: torch.Tensor, positions: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg, w, p = self.config, self.w, self.prefix
+        eps, rd = cfg.rms_norm_eps, cfg.qk_rope_head_dim
+        qr = numerics.rms_norm(F.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"], eps)
+        q = F.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.num_attention_heads, cfg.head_dim)
+        q = self._rope(numerics.rms_norm(q, None, eps), positions)
+        kv = numerics.rms_norm(F.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"], eps)
+        kv = self._rope(kv, positions)
+        # QAT: the non-rope dims go through an FP8 round trip (blocks of 64).
+        kv = torch.cat([numerics.fp8_round_trip(kv[:, :-rd], 64), kv[:, -rd:]], dim=-1)
+        return qr, q, kv
+
+    def _index_queries(self, y: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, w, p = self.config, self.w, self.prefix + "indexer."
+        q = F.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.index_n_heads, cfg.index_head_dim)
+        q = numerics.fp4_round_trip(numerics.hadamard_rotate(self._rope(q, positions)), 32)
+        head_weights = F.linear(y, w[p + "weights_proj.weight"]) * (
+            cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5)
+        return q, head_weights
+
+    # ---- forward ------------------------------------------------------------------------------
+    def forward(self, y: torch.Tensor, batch: StepBatch, cache: PagedKvCache,
+                states: dict[int, SequenceState]) -> torch.Tensor:
+        """y [T, D] (attn_norm output) → [T, D]. Writes this step's rows/entries into `cache`
+        and advances each sequence's compressor states in `states`."""
+        cfg, w, p = self.config, self.w, self.prefix
+        positions = batch.positions
+        qr, q, kv = self._queries_and_kv(y, positions)
+        projected = {}
+        if self.kv_spec is not None:
+            projected["kv"] = compressor.project(self.kv_spec, w, y, positions)
+        if self.index_spec is not None:
+            projected["index"] = compressor.project(self.index_spec, w, y, positions)
+            index_q, index_w = self._index_queries(y, qr, positions)
+        out = torch.empty_like(q)
+        for chunk in batch.chunks:
+            rows = chunk.rows
+            state = states.setdefault(chunk.seq_id, {})
+            window_keys, window_mask = self._window(chunk, kv[rows], cache)
+            cmp_keys = cmp_mask = None
+            if self.kv_spec is not None:
+                entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, state,
+                                         cache, cache.entries[self.layer_id])
+                visible = (torch.arange(entries.shape[0])[None, :]
+                           < ((chunk.positions + 1) // self.ratio)[:, None])
+                if self.index_spec is None:
+                    cmp_keys, cmp_mask = entries, visible
+                else:
+                    keys = self._compress(self.index_spec, "index", chunk, projected["index"],
+                                          rows, state, cache, cache.index_keys[self.layer_id])
+                    cmp_keys, cmp_mask = self._select(index_q[rows], index_w[rows], keys,
+                                                      entries, visible)
+            out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_mask,
+                                w[p + "attn_sink"], cfg.head_dim ** -0.5)
+        o = self._rope(out, positions, inverse=True)
+        groups = cfg.o_groups
+        wo_a = w[p + "wo_a.weight"].view(groups, cfg.o_lora_rank, -1)
+        o = torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], groups, -1), wo_a)
+        return F.linear(o.flatten(1), w[p + "wo_b.weight"])
+
+    def _window(self, chunk: ChunkRows, kv: torch.Tensor, cache: PagedKvCache
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the chunk's raw rows, read back the window its queries see → (keys, mask)."""
+        table = chunk.window_block_table
+        cache.write_window(self.layer_id, cache.window_slots(table, chunk.positions), kv)
+        window = self.config.sliding_window
+        key_pos = torch.arange(max(0, chunk.start_pos - window + 1), chunk.end_pos)
+        keys = cache.read_window(self.layer_id, cache.window_slots(table, key_pos))
+        q_pos = chunk.positions[:, None]
+        mask = (key_pos[None, :] <= q_pos) & (key_pos[None, :] > q_pos - window)
+        return keys, mask
+
+    def _compress(self, spec: CompressorSpec, name: str, chunk: ChunkRows,
+                  projected: tuple[torch.Tensor, torch.Tensor], rows: slice,
+                  state: SequenceState, cache: PagedKvCache, store: torch.Tensor) -> torch.Tensor:
+        """Advance one compressor over the chunk, store new entries → all entries so far."""
+        key = f"{self.layer_id}.{name}"
+        width = projected[0].shape[1]
+        previous = state.get(key) or CompressorState.empty(width, str(projected[0].device))
+        first, raw, state[key] = compressor.pool(spec, previous, projected[0][rows],
+                                                 projected[1][rows], chunk.start_pos)
+        if raw.shape[0]:
+            entries = compressor.finish(spec, self.w, raw, first, self.inv_freq, store.dtype,
+                                        self.config.rms_norm_eps)
+            cache.write_entries(store, chunk.block_table, first, spec.ratio, entries)
+        return cache.read_entries(store, chunk.block_table, chunk.end_pos // spec.ratio,
+                                  spec.ratio)
+
+    def _select(self, index_q: torch.Tensor, index_w: torch.Tensor, index_keys: torch.Tensor,
+                entries: torch.Tensor, visible: torch.Tensor
+                ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """Indexer: score Σ_h relu(q_h·k_j)·w_h, keep the top index_topk visible entries
+        → (gathered entries [L, k, d], valid [L, k]) or (None, None) when none exist."""
+        k = min(self.config.index_topk, entries.shape[0])
+        if k == 0:
+            return None, None
+        scores = (torch.einsum("lhd,nd->lhn", index_q, index_keys).relu()
+                  * index_w.unsqueeze(-1)).sum(dim=1)
+        chosen = scores.masked_fill(~visible, float("-inf")).topk(k, dim=-1).indices
+        return entries[chosen], visible.gather(1, chosen)
+
+
+def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tensor,
+            cmp_keys: Optional[torch.Tensor], cmp_mask: Optional[torch.Tensor],
+            sink: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [L, H, d]; window keys [K, d]; compressed keys [n, d] (shared) or [L, n, d] (per query).
+
+    fp32 softmax over window ∪ compressed keys whose denominator also holds exp(sink_h).
+    """
+    qf = q.float()
+    wk = window_keys.float()
+    scores = [torch.einsum("lhd,kd->lhk", qf, wk).mul(scale)
+              .masked_fill(~window_mask[:, None, :], float("-inf"))]
+    ck = None
+    if cmp_keys is not None:
+        ck = cmp_keys.float()
+        pattern = "lhd,nd->lhn" if ck.dim() == 2 else "lhd,lnd->lhn"
+        scores.append(torch.einsum(pattern, qf, ck).mul(scale)
+                      .masked_fill(~cmp_mask[:, None, :], float("-inf")))
+    s = torch.cat(scores, dim=-1)
+    sink_col = sink.float()[None, :, None].expand(s.shape[0], -1, 1)
+    probs = torch.exp(s - torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1, keepdim=True))
+    n_window = wk.shape[0]
+    o = torch.einsum("lhk,kd->lhd", probs[..., :n_window], wk)
+    if ck is not None:
+        pattern = "lhn,nd->lhd" if ck.dim() == 2 else "lhn,lnd->lhd"
+        o = o + torch.einsum(pattern, probs[..., n_window:], ck)
+    return o.to(q.dtype)
