@@ -1,0 +1,303 @@
+"""Step descriptors for one cache partition → `ModelRuntime.step` calls.
+
+The scheduler owns request state and block tables and sends diffs (a sequence's prompt once, then a
+few ids per row). `PartitionExecutor` keeps the mirror a rank needs to turn those diffs into full
+`SequenceChunk`s: per sequence the known tokens, how many positions are cached, the block table of each
+group and the logit bias. It is the only owner of that state; nothing else in the worker reads it.
+
+A bad row (unknown sequence, a gap in positions, blocks missing or out of range, a mask that allows
+nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows of
+the step still run.
+
+The descriptor dataclasses below mirror `worker.proto`; `services/worker/server.py` converts.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Union
+
+import numpy as np
+import torch
+
+from services.worker.model.runtime import SequenceChunk
+
+
+@dataclass(frozen=True)
+class NewSequence:
+    """Sent once, in the first step that schedules the sequence."""
+
+    seq_id: int
+    partition_id: int
+    prompt_token_ids: tuple[int, ...]
+    logit_bias_token_ids: tuple[int, ...] = ()
+    logit_bias_values: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenMask:
+    """Tokens allowed at a sampled position: ascending ids (short form) or XGrammar bitmask bytes
+    (long form, ceil(vocab/32) little-endian int32 words). An empty mask allows nothing."""
+
+    allowed_token_ids: tuple[int, ...] = ()
+    bitmask: bytes = b""
+
+
+@dataclass(frozen=True)
+class ScheduledRow:
+    """Compute `num_new_tokens` positions from `num_computed_tokens`; see worker.proto ScheduledRow."""
+
+    seq_id: int
+    num_computed_tokens: int
+    num_new_tokens: int
+    append_token_ids: tuple[int, ...] = ()
+    new_block_ids: tuple[int, ...] = ()
+    new_window_block_ids: tuple[int, ...] = ()
+    sample: bool = False
+    mask: Optional[TokenMask] = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step_id: int
+    new_sequences: tuple[NewSequence, ...] = ()
+    rows: tuple[ScheduledRow, ...] = ()
+    # Dropped before the rows run, so a preempted sequence can come back as new in the same step.
+    finished_seq_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowResult:
+    seq_id: int
+    sampled_token_id: Optional[int] = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step_id: int
+    # One per row that asked for sampling or failed, in request order.
+    results: tuple[RowResult, ...] = ()
+    forward_ns: int = 0
+    # Non-empty when the whole step failed.
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PartitionLimits:
+    """What a row may reference in this partition."""
+
+    partition_id: int
+    vocab_size: int
+    block_size: int
+    num_blocks: int  # compressed group
+    num_window_blocks: int  # window group
+
+
+class StepRuntime(Protocol):
+    """The part of `ModelRuntime` the executor calls."""
+
+    def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> Any: ...
+
+    def free_sequence(self, seq_id: int) -> None: ...
+
+
+class RowError(Exception):
+    """One row cannot run; the message goes back in that row's `RowResult.error`."""
+
+
+@dataclass
+class SequenceState:
+    token_ids: list[int]  # prompt, then the output tokens committed so far
+    num_computed_tokens: int
+    block_table: list[int] = field(default_factory=list)
+    window_block_table: list[int] = field(default_factory=list)
+    logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+
+
+def decode_token_mask(
+    mask: TokenMask, vocab_size: int
+) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Returns `(allowed_token_ids int64 [n], None)` or `(None, token_bitmask int32 [ceil(V/32)])`.
+
+    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the vocabulary,
+    or the mask allows no token at all.
+    """
+    if mask.allowed_token_ids and mask.bitmask:
+        raise RowError("token mask sets both allowed_token_ids and bitmask")
+    if mask.bitmask:
+        return None, _decode_bitmask(mask.bitmask, vocab_size)
+    if not mask.allowed_token_ids:
+        raise RowError("token mask allows no token")
+    largest = max(mask.allowed_token_ids)
+    if largest >= vocab_size:
+        raise RowError(f"token mask allows id {largest}, vocabulary has {vocab_size} tokens")
+    return torch.tensor(mask.allowed_token_ids, dtype=torch.int64), None
+
+
+def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
+    num_words = (vocab_size + 31) // 32
+    if len(data) != 4 * num_words:
+        raise RowError(f"token bitmask has {len(data)} bytes, expected {4 * num_words} "
+                       f"(ceil({vocab_size}/32) int32 words)")
+    words = np.frombuffer(data, dtype="<i4").astype(np.int32)
+    # Bits past the vocabulary in the last word allow nothing real.
+    tail_bits = vocab_size - 32 * (num_words - 1)
+    last_word = int(words[-1]) & ((1 << tail_bits) - 1)
+    if last_word == 0 and not words[:-1].any():
+        raise RowError("token mask allows no token")
+    return torch.from_numpy(words)
+
+
+class PartitionExecutor:
+    """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe."""
+
+    def __init__(self, runtime: StepRuntime, limits: PartitionLimits) -> None:
+        self._runtime = runtime
+        self._limits = limits
+        self._sequences: dict[int, SequenceState] = {}
+
+    @property
+    def live_seq_ids(self) -> list[int]:
+        return list(self._sequences)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Runs one step. Row problems become row errors; a runtime exception propagates."""
+        for seq_id in plan.finished_seq_ids:
+            self._drop(seq_id)
+        rejected = self._admit(plan.new_sequences)
+        prepared: list[Union[SequenceChunk, RowError]] = [
+            self._prepare_or_error(row, rejected) for row in plan.rows]
+        chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
+        started = time.perf_counter_ns()
+        sampled = self._runtime.step(chunks).sampled if chunks else []
+        forward_ns = time.perf_counter_ns() - started
+        results = self._row_results(plan.rows, prepared, iter(sampled))
+        return StepResult(plan.step_id, tuple(results), forward_ns)
+
+    def reset(self) -> None:
+        """Drops every sequence (a new Step stream starts empty)."""
+        for seq_id in list(self._sequences):
+            self._drop(seq_id)
+
+    def warm_up(self, num_tokens: int = 8) -> None:
+        """Runs one throw-away sampled prefill so the first real step pays no first-call costs."""
+        if self._sequences:
+            raise RuntimeError("warm_up needs an empty executor")
+        num_tokens = min(num_tokens, self._limits.block_size)
+        warm_up_seq_id = 0
+        chunk = SequenceChunk(seq_id=warm_up_seq_id, start_pos=0,
+                              token_ids=[i % self._limits.vocab_size for i in range(num_tokens)],
+                              block_table=[0], window_block_table=[0], sample=True)
+        self._runtime.step([chunk])
+        self._runtime.free_sequence(warm_up_seq_id)
+
+    def _drop(self, seq_id: int) -> None:
+        # Unknown ids are fine: a sequence whose NewSequence was rejected still gets finished.
+        if self._sequences.pop(seq_id, None) is not None:
+            self._runtime.free_sequence(seq_id)
+
+    def _admit(self, new_sequences: tuple[NewSequence, ...]) -> dict[int, str]:
+        """Registers new sequences; returns the rejected ones' errors, reported on their rows."""
+        rejected: dict[int, str] = {}
+        for new in new_sequences:
+            try:
+                self._sequences[new.seq_id] = self._new_state(new)
+            except RowError as error:
+                rejected[new.seq_id] = str(error)
+        return rejected
+
+    def _new_state(self, new: NewSequence) -> SequenceState:
+        if new.partition_id != self._limits.partition_id:
+            raise RowError(f"new sequence {new.seq_id} names partition {new.partition_id}; "
+                           f"this executor holds partition {self._limits.partition_id}")
+        if new.seq_id in self._sequences:
+            raise RowError(f"new sequence {new.seq_id} is already live")
+        self._check_token_ids(new.prompt_token_ids, "prompt")
+        return SequenceState(token_ids=list(new.prompt_token_ids), num_computed_tokens=0,
+                             logit_bias=self._logit_bias(new))
+
+    def _logit_bias(self, new: NewSequence) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        if len(new.logit_bias_token_ids) != len(new.logit_bias_values):
+            raise RowError(f"logit bias of sequence {new.seq_id} has {len(new.logit_bias_token_ids)} "
+                           f"ids but {len(new.logit_bias_values)} values")
+        if not new.logit_bias_token_ids:
+            return None
+        self._check_token_ids(new.logit_bias_token_ids, "logit bias")
+        return (torch.tensor(new.logit_bias_token_ids, dtype=torch.int64),
+                torch.tensor(new.logit_bias_values, dtype=torch.float32))
+
+    def _check_token_ids(self, token_ids: tuple[int, ...], what: str) -> None:
+        if token_ids and max(token_ids) >= self._limits.vocab_size:
+            raise RowError(f"{what} token id {max(token_ids)} is outside the vocabulary "
+                           f"of {self._limits.vocab_size}")
+
+    def _prepare_or_error(self, row: ScheduledRow,
+                          rejected: dict[int, str]) -> Union[SequenceChunk, RowError]:
+        if row.seq_id in rejected:
+            return RowError(rejected[row.seq_id])
+        try:
+            return self._prepare(row)
+        except RowError as error:
+            return error
+
+    def _prepare(self, row: ScheduledRow) -> SequenceChunk:
+        """Validates the row against the sequence's state, commits the diff, returns the chunk.
+
+        Nothing is committed when the row is invalid.
+        """
+        state = self._sequences.get(row.seq_id)
+        if state is None:
+            raise RowError(f"unknown seq_id {row.seq_id}")
+        start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
+        if row.num_new_tokens == 0:
+            raise RowError(f"row of sequence {row.seq_id} computes no tokens")
+        if start != state.num_computed_tokens:
+            raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at {start}, "
+                           f"{state.num_computed_tokens} positions are cached")
+        self._check_token_ids(row.append_token_ids, "appended")
+        token_ids = state.token_ids + list(row.append_token_ids)
+        if end > len(token_ids):
+            raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
+                           f"only {len(token_ids)} tokens are known")
+        block_table = self._extended_table(state.block_table, row.new_block_ids,
+                                           self._limits.num_blocks, end, "compressed")
+        window_table = self._extended_table(state.window_block_table, row.new_window_block_ids,
+                                            self._limits.num_window_blocks, end, "window")
+        allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
+                            if row.sample and row.mask is not None else (None, None))
+        state.token_ids, state.block_table, state.window_block_table = (
+            token_ids, block_table, window_table)
+        state.num_computed_tokens = end
+        return SequenceChunk(seq_id=row.seq_id, start_pos=start, token_ids=token_ids[start:end],
+                             block_table=list(block_table), window_block_table=list(window_table),
+                             sample=row.sample, allowed_token_ids=allowed, token_bitmask=bitmask,
+                             logit_bias=state.logit_bias if row.sample else None)
+
+    def _extended_table(self, table: list[int], new_ids: tuple[int, ...], num_blocks: int,
+                        end: int, group: str) -> list[int]:
+        out_of_range = [block for block in new_ids if block >= num_blocks]
+        if out_of_range:
+            raise RowError(f"{group} block id {out_of_range[0]} is out of range "
+                           f"(the partition has {num_blocks} blocks)")
+        extended = table + list(new_ids)
+        needed = -(-end // self._limits.block_size)
+        if len(extended) < needed:
+            raise RowError(f"missing {group} blocks: {end} positions need {needed} blocks, "
+                           f"the table has {len(extended)}")
+        return extended
+
+    @staticmethod
+    def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],
+                     sampled: Any) -> list[RowResult]:
+        """`sampled` yields the runtime's answers in chunk order (one per prepared row)."""
+        results: list[RowResult] = []
+        for row, item in zip(rows, prepared):
+            if isinstance(item, RowError):
+                results.append(RowResult(row.seq_id, error=str(item)))
+                continue
+            token = next(sampled)
+            if row.sample:
+                results.append(RowResult(row.seq_id, sampled_token_id=token) if token is not None
+                               else RowResult(row.seq_id, error="the runtime sampled no token"))
+        return results

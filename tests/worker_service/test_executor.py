@@ -1,0 +1,167 @@
+"""PartitionExecutor: diff-style rows → full runtime chunks, per-row validation, mask decoding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.worker.executor import (NewSequence, PartitionExecutor, PartitionLimits, RowError,
+                                      ScheduledRow, StepPlan, TokenMask, decode_token_mask)
+from tests.worker_service.fake_runtime import FAKE_VOCAB_SIZE, FakeRuntime, fake_next_token
+
+BLOCK_SIZE = 4
+LIMITS = PartitionLimits(partition_id=0, vocab_size=FAKE_VOCAB_SIZE, block_size=BLOCK_SIZE,
+                         num_blocks=16, num_window_blocks=16)
+PROMPT = (11, 12, 13, 14, 15, 16)
+
+
+@pytest.fixture
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+@pytest.fixture
+def executor(runtime: FakeRuntime) -> PartitionExecutor:
+    return PartitionExecutor(runtime, LIMITS)
+
+
+def prefill_row(seq_id: int, blocks: tuple[int, ...], **overrides) -> ScheduledRow:
+    fields = dict(seq_id=seq_id, num_computed_tokens=0, num_new_tokens=len(PROMPT),
+                  new_block_ids=blocks, new_window_block_ids=blocks, sample=True)
+    fields.update(overrides)
+    return ScheduledRow(**fields)
+
+
+def bitmask_bytes(allowed: list[int], vocab_size: int = FAKE_VOCAB_SIZE) -> bytes:
+    words = np.zeros((vocab_size + 31) // 32, dtype="<u4")
+    for token in allowed:
+        words[token // 32] |= np.uint32(1 << (token % 32))
+    return words.tobytes()
+
+
+class TestChunksFromDiffs:
+    def test_prefill_then_decode_builds_full_chunks(self, executor, runtime):
+        first = executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                          rows=(prefill_row(5, (3, 7)),)))
+        sampled = first.results[0].sampled_token_id
+        assert sampled == fake_next_token(0, list(PROMPT))
+        second = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            5, num_computed_tokens=6, num_new_tokens=1, append_token_ids=(sampled,), sample=True),)))
+        chunk = runtime.steps[-1][0]
+        assert (chunk.start_pos, chunk.token_ids) == (6, [sampled])
+        assert chunk.block_table == [3, 7] and chunk.window_block_table == [3, 7]
+        assert second.results[0].sampled_token_id == fake_next_token(6, [sampled])
+
+    def test_chunked_prefill_takes_tokens_from_the_prompt(self, executor, runtime):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                  rows=(prefill_row(5, (2,), num_new_tokens=4, sample=False),)))
+        result = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            5, num_computed_tokens=4, num_new_tokens=2, new_block_ids=(9,),
+            new_window_block_ids=(1,), sample=True),)))
+        chunk = runtime.steps[-1][0]
+        assert chunk.token_ids == list(PROMPT[4:])
+        assert chunk.block_table == [2, 9] and chunk.window_block_table == [2, 1]
+        assert result.results[0].sampled_token_id == fake_next_token(4, list(PROMPT[4:]))
+
+    def test_forced_continuation_appends_several_tokens(self, executor, runtime):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                  rows=(prefill_row(5, (0, 1)),)))
+        executor.execute(StepPlan(2, rows=(ScheduledRow(
+            5, num_computed_tokens=6, num_new_tokens=3, append_token_ids=(40, 41, 42),
+            new_block_ids=(2,), new_window_block_ids=(2,), sample=True),)))
+        chunk = runtime.steps[-1][0]
+        assert (chunk.start_pos, chunk.token_ids) == (6, [40, 41, 42])
+
+    def test_results_cover_sampled_and_failed_rows_in_request_order(self, executor):
+        result = executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),
+                                                             NewSequence(2, 0, PROMPT)),
+                                           rows=(prefill_row(1, (0, 1), sample=False),
+                                                 prefill_row(404, (2, 3)),
+                                                 prefill_row(2, (4, 5)))))
+        assert [(r.seq_id, bool(r.error)) for r in result.results] == [(404, True), (2, False)]
+
+    def test_logit_bias_reaches_sampled_rows(self, executor, runtime):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT, (3, 9), (1.5, -2.0)),),
+                                  rows=(prefill_row(5, (0, 1)),)))
+        ids, values = runtime.steps[-1][0].logit_bias
+        assert ids.tolist() == [3, 9] and values.tolist() == [1.5, -2.0]
+
+
+class TestRowErrors:
+    @pytest.mark.parametrize("bad_row, message", [
+        (ScheduledRow(77, 0, 6, sample=True), "unknown seq_id 77"),
+        (prefill_row(5, (0, 1), num_computed_tokens=2, num_new_tokens=4), "non-contiguous"),
+        (prefill_row(5, (0,)), "missing compressed blocks"),
+        (prefill_row(5, (0, 1), new_window_block_ids=(0,)), "missing window blocks"),
+        (prefill_row(5, (0, 16)), "block id 16 is out of range"),
+        (prefill_row(5, (0, 1), num_new_tokens=7), "only 6 tokens are known"),
+        (prefill_row(5, (0, 1), append_token_ids=(FAKE_VOCAB_SIZE,)), "outside the vocabulary"),
+        (prefill_row(5, (0, 1), mask=TokenMask()), "allows no token"),
+    ])
+    def test_bad_row_fails_alone_and_leaves_its_sequence_usable(self, executor, bad_row, message):
+        new = (NewSequence(5, 0, PROMPT), NewSequence(6, 0, PROMPT))
+        result = executor.execute(StepPlan(1, new_sequences=new,
+                                           rows=(bad_row, prefill_row(6, (8, 9)))))
+        assert message in result.results[0].error
+        assert result.results[1].sampled_token_id == fake_next_token(0, list(PROMPT))
+        if bad_row.seq_id == 5:  # nothing was committed: the correct row still runs
+            retry = executor.execute(StepPlan(2, rows=(prefill_row(5, (0, 1)),)))
+            assert retry.results[0].error == ""
+
+    def test_new_sequence_for_another_partition_fails_its_rows(self, executor):
+        result = executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 3, PROMPT),),
+                                           rows=(prefill_row(5, (0, 1)),)))
+        assert "partition 3" in result.results[0].error
+
+
+class TestSequenceLifetime:
+    def test_finished_sequence_is_freed_before_rows_run(self, executor, runtime):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                  rows=(prefill_row(5, (0, 1)),)))
+        result = executor.execute(StepPlan(2, finished_seq_ids=(5,),
+                                           new_sequences=(NewSequence(5, 0, PROMPT),),
+                                           rows=(prefill_row(5, (2, 3)),)))
+        assert runtime.freed == [5]
+        assert result.results[0].sampled_token_id == fake_next_token(0, list(PROMPT))
+
+    def test_reset_drops_every_sequence(self, executor, runtime):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                  rows=(prefill_row(5, (0, 1)),)))
+        executor.reset()
+        assert runtime.freed == [5] and executor.live_seq_ids == []
+        result = executor.execute(StepPlan(2, rows=(ScheduledRow(5, 6, 1, (3,), sample=True),)))
+        assert "unknown seq_id 5" in result.results[0].error
+
+
+class TestMaskDecoding:
+    def test_allowed_ids_become_int64_tensor(self):
+        allowed, bitmask = decode_token_mask(TokenMask(allowed_token_ids=(4, 40, 400)), 1000)
+        assert bitmask is None
+        assert allowed.dtype == torch.int64 and allowed.tolist() == [4, 40, 400]
+
+    def test_bitmask_bytes_become_little_endian_int32_words(self):
+        allowed, bitmask = decode_token_mask(TokenMask(bitmask=bitmask_bytes([0, 31, 33, 999])), 1000)
+        assert allowed is None and bitmask.dtype == torch.int32 and bitmask.shape == (32,)
+        words = bitmask.tolist()
+        assert [32 * w + b for w in range(32) for b in range(32) if (words[w] >> b) & 1] == [0, 31, 33, 999]
+
+    @pytest.mark.parametrize("mask, message", [
+        (TokenMask(), "allows no token"),
+        (TokenMask(bitmask=bitmask_bytes([])), "allows no token"),
+        # Bits past the vocabulary do not count as allowed tokens.
+        (TokenMask(bitmask=np.array([0] * 31 + [1 << 31], dtype="<u4").tobytes()), "allows no token"),
+        (TokenMask(bitmask=bytes(8)), "expected 128"),
+        (TokenMask(allowed_token_ids=(5, 1000)), "vocabulary has 1000"),
+        (TokenMask(allowed_token_ids=(5,), bitmask=bitmask_bytes([5])), "both"),
+    ])
+    def test_invalid_masks_are_row_errors(self, mask, message):
+        with pytest.raises(RowError, match=message):
+            decode_token_mask(mask, 1000)
+
+    def test_mask_reaches_the_runtime(self, executor):
+        result = executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),
+                                                             NewSequence(6, 0, PROMPT)),
+                                           rows=(prefill_row(5, (0, 1), mask=TokenMask((3, 17))),
+                                                 prefill_row(6, (2, 3), mask=TokenMask(
+                                                     bitmask=bitmask_bytes([8, 700]))))))
+        assert [r.sampled_token_id for r in result.results] == [17, 700]
