@@ -1,0 +1,254 @@
+"""XGrammar in the scheduler: the compile pool and cache, per-request matchers, token masks.
+
+XGrammar is imported lazily: without it the service reports `available = False` and every compile
+raises `GrammarUnavailable` (constrained requests are refused; there is no unconstrained fallback).
+
+The TokenizerInfo comes from the checkpoint's `tokenizer.json` (byte-level BPE, no prefix space,
+EOS the only stop token), sized to the model's lm_head width, so no transformers tokenizer object
+is built.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from services.frontend.constraints import ConstraintKind
+
+# A mask with at most this many allowed tokens travels as an id list, otherwise as the bitmask.
+# Measured with bench/bench_grammar.py (V = 129,280): the bitmask is 16,160 bytes and costs ~10 µs
+# to copy out; an id list costs ~4 bytes and ~0.1 µs per id (proto varints: ~3 bytes), so the list is
+# both smaller and cheaper up to a few thousand ids. Constrained positions are overwhelmingly either
+# tiny (structure, enums, digits) or huge (free text): 1024 keeps every structural mask short.
+SHORT_MASK_MAX_IDS = 1024
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+JSON_MAX_WHITESPACE = 1
+DEFAULT_CACHE_ENTRIES = 256
+LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
+
+
+class GrammarUnavailable(Exception):
+    """XGrammar is not importable: constrained requests cannot be served."""
+
+
+class GrammarCompileError(Exception):
+    """XGrammar refused the grammar; the message is XGrammar's."""
+
+
+@dataclass(frozen=True)
+class MaskRow:
+    """The tokens allowed at one position: exactly one of the two forms is set."""
+
+    num_allowed: int
+    allowed_token_ids: Optional[list[int]] = None   # ascending
+    bitmask: Optional[bytes] = None                 # ceil(V/32) int32 words, little-endian
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    compiles: int          # cold compiles that succeeded
+    cache_hits: int
+    total_s: float         # seconds spent in cold compiles
+    max_s: float
+
+
+def import_xgrammar() -> Optional[ModuleType]:
+    try:
+        return importlib.import_module("xgrammar")
+    except ImportError:
+        return None
+
+
+class GrammarService:
+    """Owns the XGrammar compiler, the compiled-grammar cache and the live-matcher count."""
+
+    def __init__(self, model_dir: Path, vocab_size: int, eos_token_id: int, threads: int,
+                 cache_entries_limit: int = DEFAULT_CACHE_ENTRIES) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.live_matchers = 0
+        self._xgr = import_xgrammar()
+        self.available = self._xgr is not None
+        self._cache: OrderedDict[tuple[int, str], Any] = OrderedDict()
+        self._cache_limit = cache_entries_limit
+        self._pending: dict[tuple[int, str], asyncio.Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads),
+                                        thread_name_prefix="grammar-compile")
+        self._compiles = 0
+        self._cache_hits = 0
+        self._compile_total_s = 0.0
+        self._compile_max_s = 0.0
+        self._tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self._compiler = self._make_compiler(threads) if self._xgr is not None else None
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    @property
+    def compile_stats(self) -> CompileStats:
+        return CompileStats(self._compiles, self._cache_hits, self._compile_total_s,
+                            self._compile_max_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def compile(self, kind: Union[ConstraintKind, str], spec: str) -> Any:
+        """The compiled grammar for (kind, spec), from the cache or the thread pool.
+
+        `kind` may also be the scheduler's lower-case name ("structural_tag", ...). Concurrent
+        compiles of the same text share one compilation; a cancelled waiter does not cancel it.
+        """
+        if self._compiler is None:
+            raise GrammarUnavailable("constrained decoding is unavailable: XGrammar is not "
+                                     "importable in the scheduler")
+        kind = ConstraintKind[kind.upper()] if isinstance(kind, str) else ConstraintKind(kind)
+        key = (int(kind), spec)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            self._cache_hits += 1
+            return self._cache[key]
+        pending = self._pending.get(key)
+        if pending is None:
+            loop = asyncio.get_running_loop()
+            pending = loop.run_in_executor(self._pool, self._compile_now, kind, spec)
+            self._pending[key] = pending
+            pending.add_done_callback(lambda done: self._store(key, done))
+        else:
+            self._cache_hits += 1
+        return await asyncio.shield(pending)
+
+    def matcher(self, compiled: Any) -> "RequestMatcher":
+        assert self._xgr is not None
+        self.live_matchers += 1
+        return RequestMatcher(self._xgr, compiled, self._tokenizer, self.vocab_size,
+                              self.eos_token_id, self._matcher_released)
+
+    def _matcher_released(self) -> None:
+        self.live_matchers -= 1
+
+    def _make_compiler(self, threads: int) -> Any:
+        xgr = self._xgr
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
+        encoded = [""] * self.vocab_size
+        for text, token_id in vocab.items():
+            if token_id < self.vocab_size:
+                encoded[token_id] = text
+        info = xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=self.vocab_size,
+                                 stop_token_ids=[self.eos_token_id], add_prefix_space=False)
+        # Our own cache keys on the spec text; XGrammar's would only duplicate it.
+        return xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
+
+    def _compile_now(self, kind: ConstraintKind, spec: str) -> Any:
+        started = time.perf_counter()
+        try:
+            if kind is ConstraintKind.STRUCTURAL_TAG:
+                compiled = self._compiler.compile_structural_tag(spec)
+            else:
+                schema = JSON_OBJECT_SCHEMA if kind is ConstraintKind.JSON_OBJECT else spec
+                compiled = self._compiler.compile_json_schema(
+                    schema, any_whitespace=True, max_whitespace_cnt=JSON_MAX_WHITESPACE)
+        except Exception as exc:  # XGrammar raises RuntimeError/ValueError/pydantic errors
+            raise GrammarCompileError(f"grammar compile failed: {_first_line(exc)}") from exc
+        elapsed = time.perf_counter() - started
+        self._compiles += 1
+        self._compile_total_s += elapsed
+        self._compile_max_s = max(self._compile_max_s, elapsed)
+        return compiled
+
+    def _store(self, key: tuple[int, str], done: asyncio.Future) -> None:
+        self._pending.pop(key, None)
+        if done.cancelled() or done.exception() is not None:
+            return
+        self._cache[key] = done.result()
+        while len(self._cache) > self._cache_limit:
+            self._cache.popitem(last=False)
+
+
+class RequestMatcher:
+    """One request's grammar state. Not thread-safe: the step loop owns it."""
+
+    def __init__(self, xgr: ModuleType, compiled: Any, tokenizer: Tokenizer, vocab_size: int,
+                 eos_token_id: int, on_release: Callable[[], None]) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos_token_id = eos_token_id
+        self._on_release: Optional[Callable[[], None]] = on_release
+
+    def mask(self) -> MaskRow:
+        allowed = self._fill_mask()
+        if allowed.size <= SHORT_MASK_MAX_IDS:
+            return MaskRow(int(allowed.size), allowed_token_ids=allowed.tolist())
+        return MaskRow(int(allowed.size), bitmask=self._bitmask.numpy().astype("<i4").tobytes())
+
+    def accept(self, token_id: int) -> bool:
+        return bool(self._matcher.accept_token(token_id))
+
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Tokens the grammar forces next, already accepted (EOS is never forced).
+
+        A position with a single allowed token is forced. Otherwise XGrammar's jump-forward string
+        (the text every continuation starts with) is tokenized with the real tokenizer and accepted
+        token by token; its last token is left to the model, since it might merge with what
+        follows, and nothing the matcher refuses is ever taken.
+        """
+        forced: list[int] = []
+        while len(forced) < limit and not self._matcher.is_terminated():
+            allowed = self._fill_mask()
+            if allowed.size == 1 and int(allowed[0]) != self._eos_token_id:
+                token = int(allowed[0])
+                if not self._matcher.accept_token(token):
+                    break
+                forced.append(token)
+                continue
+            if not self._accept_jump_forward(forced, limit):
+                break
+        return forced
+
+    def is_terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+    def release(self) -> None:
+        if self._on_release is None:
+            return
+        self._on_release()
+        self._on_release = None
+        self._matcher = None
+        self._bitmask = None
+
+    def _accept_jump_forward(self, forced: list[int], limit: int) -> bool:
+        text = self._matcher.find_jump_forward_string()
+        if not text:
+            return False
+        candidates = self._tokenizer.encode(text, add_special_tokens=False).ids[:-1]
+        taken = 0
+        for token in candidates:
+            if len(forced) >= limit or not self._matcher.accept_token(token):
+                break
+            forced.append(token)
+            taken += 1
+        return taken > 0
+
+    def _fill_mask(self) -> np.ndarray:
+        """Allowed token ids (ascending), with the bitmask buffer left filled."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[:self._vocab_size])
+
+
+def _first_line(exc: BaseException) -> str:
+    """XGrammar's message without its `[time] file.cc:line:` prefix, first line only."""
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    return LOG_PREFIX.sub("", text)[:500]
