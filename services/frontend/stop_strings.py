@@ -6,6 +6,7 @@ is one, so no byte of a stop string (or anything after it) ever reaches the clie
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Protocol
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,26 @@ class StopStringMatcher:
                     longest = length
                     break
         return longest
+
+
+class Detokenizer(Protocol):
+    def feed(self, ids: Iterable[int]) -> str: ...
+    def flush(self) -> str: ...
+
+
+class StoppingDecoder:
+    """Output ids → text the client may see: EOS removed, stop strings detected and cut."""
+
+    def __init__(self, detokenizer: Detokenizer, eos_token_id: int, stop_strings: tuple[str, ...]) -> None:
+        self._detokenizer = detokenizer
+        self._eos_token_id = eos_token_id
+        self._matcher = StopStringMatcher(stop_strings)
+
+    def feed(self, token_ids: Iterable[int]) -> StopScan:
+        text = self._detokenizer.feed(t for t in token_ids if t != self._eos_token_id)
+        return self._matcher.feed(text)
+
+    def finish(self) -> StopScan:
+        """The rest of the text once generation ended; may still complete a stop string."""
+        scan = self._matcher.feed(self._detokenizer.flush())
+        return scan if scan.matched else StopScan(scan.text + self._matcher.flush(), False)

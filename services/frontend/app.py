@@ -1,0 +1,493 @@
+"""The OpenAI-compatible gateway: Starlette routes in front of the scheduler.
+
+Per request: validate → render and tokenize (in a worker thread: a long prompt takes tens to
+hundreds of ms) → `Scheduler.Generate` → wait for `admitted` before sending any header, so admission
+errors are plain JSON → detokenize, cut at stop strings, parse reasoning and DSML tool calls →
+OpenAI JSON or SSE. A client disconnect cancels the gRPC call, which aborts the request.
+
+Policy when the DSML parse fails (model output that is not a well-formed V4 message): nothing from
+the first DSML marker on is returned, no tool call is presented, and `finish_reason` stays what the
+scheduler reported (`length` or `stop`); `tool_calls` is reported only for calls completed before EOS.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from services.common.config import FrontendConfig
+from services.frontend.chat_format import render_chat_request
+from services.frontend.constraints import build_constraint
+from services.frontend.dsml_parser import DsmlParseError, StreamingParser, parse_completion
+from services.frontend.dsv4_tokens import BOS
+from services.frontend.errors import RequestError
+from services.frontend.metrics import FrontendMetrics, RequestTimer
+from services.frontend.openai_request import (ChatRequest, GenerationParams, RequestLimits,
+                                              UnknownModelError, decode_json_object,
+                                              parse_chat_request, parse_completion_request,
+                                              parse_detokenize_request, parse_tokenize_request)
+from services.frontend.responses import (SSE_DONE, ChatChunks, ResponseHeader, TextChunks,
+                                         chat_completion_body, chat_delta_payload, chat_message,
+                                         error_body, new_response_id, sse_event,
+                                         text_completion_body, tool_call_body, usage_body)
+from services.frontend.scheduler_client import (Admission, Finish, FinishReason, GenerationSpec,
+                                                GenerationStream, ModelInfo, SchedulerClient,
+                                                SchedulerError, TokenBatch)
+from services.frontend.stop_strings import StoppingDecoder
+from services.frontend.tokenizer import Dsv4Tokenizer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+HEALTH_TIMEOUT_S = 2.0
+METRICS_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    token_ids: list[int]
+    thinking: bool = False
+    constraint: Optional[Any] = None  # constraints.Constraint
+
+
+@dataclass
+class Generation:
+    """An admitted request."""
+
+    stream: GenerationStream
+    admission: Admission
+    timer: RequestTimer
+    received_tokens: int = 0
+
+
+_PUBLIC_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
+                   FinishReason.ABORT: "abort", None: "abort"}
+
+
+@dataclass
+class Outcome:
+    """How a generation ended, as far as the client is concerned."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    scheduler_reason: Optional[FinishReason] = None  # None: cancelled before `finished`
+    stop_string_matched: bool = False
+    tool_calls_completed: bool = False
+
+    @property
+    def stopped_on_eos(self) -> bool:
+        return self.scheduler_reason is FinishReason.STOP and not self.stop_string_matched
+
+    @property
+    def finish_reason(self) -> str:
+        if self.stop_string_matched:
+            return "stop"
+        if self.tool_calls_completed and self.stopped_on_eos:
+            return "tool_calls"
+        return _PUBLIC_REASONS[self.scheduler_reason]
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Gateway:
+    """Owns the per-process state every route uses: tokenizer, limits, scheduler client, metrics."""
+
+    def __init__(self, config: FrontendConfig, scheduler: Optional[SchedulerClient]) -> None:
+        self.config = config
+        self.tokenizer = Dsv4Tokenizer(config.model_dir)
+        model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
+        self.limits = RequestLimits(config.served_model_name,
+                                    int(model_config.get("vocab_size", self.tokenizer.vocab_size)),
+                                    config.generate_defaults.temperature)
+        self.metrics = FrontendMetrics(config.served_model_name)
+        self._scheduler = scheduler
+        self._owns_scheduler = scheduler is None
+        self._model_info: Optional[ModelInfo] = None
+
+    @property
+    def scheduler(self) -> SchedulerClient:
+        assert self._scheduler is not None, "the app's lifespan has not started"
+        return self._scheduler
+
+    async def open(self) -> None:
+        if self._scheduler is None:
+            self._scheduler = SchedulerClient(self.config.scheduler_address)
+
+    async def close(self) -> None:
+        if self._owns_scheduler and self._scheduler is not None:
+            await self._scheduler.close()
+            self._scheduler = None
+
+    async def model_info(self) -> ModelInfo:
+        """The scheduler's model facts, fetched once and cached (they never change)."""
+        if self._model_info is None:
+            self._model_info = await self.scheduler.get_model_info()
+        return self._model_info
+
+    def prepare_chat(self, chat: ChatRequest) -> PreparedPrompt:
+        """Render + constraint + tokenize. CPU-bound: run it in a worker thread."""
+        rendered = render_chat_request(chat.body)
+        constraint = build_constraint(chat.body, rendered.thinking)
+        return PreparedPrompt(self.tokenizer.encode(rendered.text), rendered.thinking, constraint)
+
+    def encode_text_prompt(self, text: str, add_bos: bool) -> list[int]:
+        """A raw prompt; BOS is prepended unless the text already starts with it."""
+        ids = self.tokenizer.encode(text)
+        if add_bos and not text.startswith(BOS):
+            ids = [self.tokenizer.bos_token_id, *ids]
+        return ids
+
+    async def admit(self, request_id: str, prompt: PreparedPrompt,
+                    params: GenerationParams) -> Generation:
+        """Starts `Generate` and waits for admission; `SchedulerError` when refused."""
+        timer = self.metrics.timer()
+        max_tokens = params.max_tokens or self.config.generate_defaults.max_new_tokens
+        spec = GenerationSpec(request_id, prompt.token_ids, max_tokens, params.logit_bias,
+                              params.ignore_eos, prompt.constraint)
+        stream = self.scheduler.generate(spec)
+        try:
+            admission = await stream.admitted()
+        except BaseException:
+            stream.cancel()
+            raise
+        return Generation(stream, admission, timer)
+
+    def decoder(self, params: GenerationParams) -> StoppingDecoder:
+        return StoppingDecoder(self.tokenizer.detokenizer(), self.tokenizer.eos_token_id, params.stop)
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    return decode_json_object(await request.body())
+
+
+# ---- routes ---------------------------------------------------------------------------------------
+
+async def chat_completions(request: Request) -> Response:
+    gw = _gateway(request)
+    chat = parse_chat_request(await _json_body(request), gw.limits)
+    prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat)
+    header = ResponseHeader(new_response_id("chatcmpl"), gw.config.served_model_name)
+    generation = await gw.admit(header.response_id, prompt, chat.params)
+    if chat.params.stream:
+        return _sse_response(_chat_stream(gw, generation, chat, prompt, header))
+    body = await _unless_disconnected(request, _chat_body(gw, generation, chat, prompt, header))
+    return JSONResponse(body)
+
+
+async def completions(request: Request) -> Response:
+    gw = _gateway(request)
+    completion = parse_completion_request(await _json_body(request), gw.limits)
+    token_ids = completion.prompt
+    if isinstance(token_ids, str):
+        token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True)
+    header = ResponseHeader(new_response_id("cmpl"), gw.config.served_model_name)
+    generation = await gw.admit(header.response_id, PreparedPrompt(token_ids), completion.params)
+    if completion.params.stream:
+        return _sse_response(_text_stream(gw, generation, completion.params, header))
+    body = await _unless_disconnected(request, _text_body(gw, generation, completion.params, header))
+    return JSONResponse(body)
+
+
+async def models(request: Request) -> Response:
+    info = await _gateway(request).model_info()
+    card = {"id": info.served_model_name, "object": "model", "created": 0, "owned_by": "dsv4serve",
+            "root": info.served_model_name, "max_model_len": info.max_model_len}
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    try:
+        readiness = await _gateway(request).scheduler.check_ready(HEALTH_TIMEOUT_S)
+    except SchedulerError as error:
+        return JSONResponse({"status": "unavailable",
+                             "reason": f"scheduler did not answer: {error}"}, status_code=503)
+    workers = [{"address": w.address, "connected": w.connected, "error": w.error,
+                "last_ok_age_ms": w.last_ok_age_ms} for w in readiness.workers]
+    if not readiness.ready:
+        return JSONResponse({"status": "unavailable", "reason": readiness.reason or "not ready",
+                             "workers": workers}, status_code=503)
+    return JSONResponse({"status": "ok", "workers": workers})
+
+
+async def tokenize(request: Request) -> Response:
+    gw = _gateway(request)
+    parsed = parse_tokenize_request(await _json_body(request), gw.limits)
+    if parsed.chat_body is not None:
+        chat = ChatRequest(parsed.chat_body, parsed.chat_body.get("tools") or [], _NO_GENERATION)
+        tokens = (await anyio.to_thread.run_sync(gw.prepare_chat, chat)).token_ids
+    else:
+        tokens = await anyio.to_thread.run_sync(gw.encode_text_prompt, parsed.prompt,
+                                                parsed.add_special_tokens)
+    info = await gw.model_info()
+    return JSONResponse({"count": len(tokens), "max_model_len": info.max_model_len,
+                         "tokens": tokens, "token_strs": None})
+
+
+async def detokenize(request: Request) -> Response:
+    gw = _gateway(request)
+    token_ids = parse_detokenize_request(await _json_body(request), gw.limits)
+    return JSONResponse({"prompt": gw.tokenizer.decode(token_ids)})
+
+
+async def metrics(request: Request) -> Response:
+    gw = _gateway(request)
+    try:
+        snapshot = await gw.scheduler.get_scheduler_state(METRICS_TIMEOUT_S)
+    except SchedulerError:
+        snapshot = None
+    return PlainTextResponse(gw.metrics.render(snapshot),
+                             media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+_NO_GENERATION = GenerationParams(stream=False, include_usage=False, max_tokens=None, stop=(),
+                                  logit_bias=(), ignore_eos=False)
+
+
+# ---- chat output ----------------------------------------------------------------------------------
+
+async def _chat_body(gw: Gateway, generation: Generation, chat: ChatRequest, prompt: PreparedPrompt,
+                     header: ResponseHeader) -> dict[str, Any]:
+    decoder = gw.decoder(chat.params)
+    pieces: list[str] = []
+    async with _tracked(gw, generation) as outcome:
+        async for scan in _decoded(generation, decoder, outcome):
+            pieces.append(scan)
+        content, reasoning, calls = _parse_chat_text("".join(pieces), outcome.stopped_on_eos,
+                                                     prompt.thinking, chat.tools)
+        outcome.tool_calls_completed = bool(calls)
+    message = chat_message(content, reasoning, calls)
+    return chat_completion_body(header, message, outcome.finish_reason,
+                                usage_body(outcome.prompt_tokens, outcome.completion_tokens))
+
+
+def _parse_chat_text(text: str, stopped_on_eos: bool, thinking: bool,
+                     tools: list[dict[str, Any]]) -> tuple[str, str, list[dict[str, Any]]]:
+    """(content, reasoning, completed tool calls). On a parse error: the part parsed before it."""
+    try:
+        parsed = parse_completion(text, thinking, tools, stopped_on_eos=stopped_on_eos)
+    except DsmlParseError as error:
+        _log_parse_error(error)
+        safe = error.partial
+        return (safe.content, safe.reasoning_content, []) if safe else ("", "", [])
+    calls = [tool_call_body(call.id, call.name, call.arguments_json) for call in parsed.tool_calls]
+    return parsed.content, parsed.reasoning_content, calls
+
+
+async def _chat_stream(gw: Gateway, generation: Generation, chat: ChatRequest,
+                       prompt: PreparedPrompt, header: ResponseHeader) -> AsyncIterator[bytes]:
+    chunks = ChatChunks(header, chat.params.include_usage)
+    decoder = gw.decoder(chat.params)
+    parser = StreamingParser(prompt.thinking, chat.tools)
+    yield sse_event(chunks.delta({"role": "assistant", "content": ""}))
+    try:
+        async with _tracked(gw, generation) as outcome:
+            async for text in _decoded(generation, decoder, outcome):
+                for delta in parser.feed(text):
+                    yield sse_event(chunks.delta(chat_delta_payload(delta)))
+            for delta in parser.finish(outcome.stopped_on_eos):
+                yield sse_event(chunks.delta(chat_delta_payload(delta)))
+            outcome.tool_calls_completed = bool(parser.outcome.tool_calls)
+            _log_parse_error(parser.outcome.error)
+        yield sse_event(chunks.delta({}, outcome.finish_reason))
+        if chat.params.include_usage:
+            yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
+    except SchedulerError as error:
+        yield sse_event(_stream_error(error))
+    yield SSE_DONE
+
+
+def _log_parse_error(error: Optional[DsmlParseError]) -> None:
+    if error is not None:
+        log.info("model output is not a well-formed V4 message (%s); withheld the rest", error)
+
+
+# ---- text completion output -----------------------------------------------------------------------
+
+async def _text_body(gw: Gateway, generation: Generation, params: GenerationParams,
+                     header: ResponseHeader) -> dict[str, Any]:
+    decoder = gw.decoder(params)
+    async with _tracked(gw, generation) as outcome:
+        text = "".join([piece async for piece in _decoded(generation, decoder, outcome)])
+    return text_completion_body(header, text, outcome.finish_reason,
+                                usage_body(outcome.prompt_tokens, outcome.completion_tokens))
+
+
+async def _text_stream(gw: Gateway, generation: Generation, params: GenerationParams,
+                       header: ResponseHeader) -> AsyncIterator[bytes]:
+    chunks = TextChunks(header, params.include_usage)
+    decoder = gw.decoder(params)
+    try:
+        async with _tracked(gw, generation) as outcome:
+            async for text in _decoded(generation, decoder, outcome):
+                yield sse_event(chunks.text(text))
+        yield sse_event(chunks.text("", outcome.finish_reason))
+        if params.include_usage:
+            yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
+    except SchedulerError as error:
+        yield sse_event(_stream_error(error))
+    yield SSE_DONE
+
+
+# ---- shared generation plumbing -------------------------------------------------------------------
+
+async def _decoded(generation: Generation, decoder: StoppingDecoder,
+                   outcome: Outcome) -> AsyncIterator[str]:
+    """Client-visible text pieces; fills `outcome`.
+
+    A stop-string match cancels the call (the scheduler aborts the request) and ends with "stop".
+    """
+    async for event in generation.stream.events():
+        if isinstance(event, TokenBatch):
+            generation.timer.on_tokens()
+            generation.received_tokens += len(event.token_ids)
+            scan = decoder.feed(event.token_ids)
+            if scan.text:
+                yield scan.text
+            if scan.matched:
+                generation.stream.cancel()
+                outcome.stop_string_matched = True
+                outcome.completion_tokens = generation.received_tokens
+                return
+        elif isinstance(event, Finish):
+            outcome.scheduler_reason = event.reason
+            outcome.prompt_tokens = event.prompt_tokens or outcome.prompt_tokens
+            outcome.completion_tokens = event.completion_tokens
+    scan = decoder.finish()
+    outcome.stop_string_matched = scan.matched
+    if scan.text:
+        yield scan.text
+
+
+@contextlib.asynccontextmanager
+async def _tracked(gw: Gateway, generation: Generation) -> AsyncIterator[Outcome]:
+    """Metrics around one generation; always cancels the call on the way out (a no-op when done)."""
+    outcome = Outcome(generation.admission.prompt_tokens)
+    gw.metrics.requests_in_flight += 1
+    try:
+        yield outcome
+    finally:
+        gw.metrics.requests_in_flight -= 1
+        generation.stream.cancel()
+    generation.timer.on_finished(outcome.prompt_tokens, outcome.completion_tokens,
+                                 outcome.finish_reason)
+
+
+def _stream_error(error: SchedulerError) -> dict[str, Any]:
+    return error_body(f"generation failed: {error.message}", "server_error", None, error.code.name)
+
+
+def _sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Runs `work`; if the client disconnects first, cancels it and raises `ClientDisconnected`."""
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch_task.cancel()
+        if not work_task.done():
+            work_task.cancel()
+        await asyncio.gather(work_task, watch_task, return_exceptions=True)
+    if work_task.cancelled():
+        raise ClientDisconnected()
+    return work_task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+def _error_response(status: int, message: str, error_type: str, param: Optional[str] = None,
+                    code: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, error_type, param, code), status_code=status)
+
+
+async def _on_request_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, RequestError)
+    status = 404 if isinstance(error, UnknownModelError) else 400
+    return _error_response(status, error.message, "invalid_request_error", error.param, error.code)
+
+
+async def _on_scheduler_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, SchedulerError)
+    status = error.http_status
+    error_type = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
+    return _error_response(status, error.message, error_type, None, error.code.name.lower())
+
+
+async def _on_http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    return _error_response(error.status_code, str(error.detail), "invalid_request_error")
+
+
+async def _on_disconnect(request: Request, error: Exception) -> Response:
+    return Response(status_code=499)
+
+
+async def _on_bug(request: Request, error: Exception) -> Response:
+    log.exception("internal error serving %s", request.url.path)
+    return _error_response(500, f"internal server error: {type(error).__name__}", "server_error")
+
+
+# ---- factory and server ---------------------------------------------------------------------------
+
+def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClient] = None) -> Starlette:
+    """The app; loads the tokenizer and config.json now. Without `scheduler_client` the lifespan
+    connects to `config.scheduler_address` (inside the serving event loop, as grpc.aio requires)."""
+    gateway = Gateway(config, scheduler_client)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.open()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        RequestError: _on_request_error, SchedulerError: _on_scheduler_error,
+        HTTPException: _on_http_error, ClientDisconnected: _on_disconnect, Exception: _on_bug}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.state.gateway = gateway
+    return app
+
+
+async def serve(config: FrontendConfig) -> None:
+    """Serves the gateway with uvicorn on the running loop (the CLI runs it under uvloop)."""
+    server_config = uvicorn.Config(create_app(config), host=config.host, port=config.port,
+                                   log_level="info", timeout_graceful_shutdown=5)
+    await uvicorn.Server(server_config).serve()
