@@ -210,6 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv[:1])
     logging.basicConfig(level=os.environ.get("DSV4SERVE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness poll otherwise
     from services.launcher import follow_launcher
 
     follow_launcher(os.environ)
