@@ -22,3 +22,7 @@ class SchedulerError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+class WorkerLost(Exception):
+    """The workers cannot run steps any more; the message says which worker and why."""

@@ -69,6 +69,9 @@ class Scheduler:
         self.waiting.append(request)
         self.counters.prompt_tokens_total += len(request.prompt_token_ids)
 
+    def request_for_seq(self, seq_id: int) -> Optional[Request]:
+        return self._by_seq.get(seq_id)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._finished_seq_ids)
 

@@ -1,0 +1,170 @@
+"""The Scheduler gRPC service: a thin servicer over the step loop, plus health and reflection.
+
+Health is SERVING only while every worker is connected (it flips with the worker set). Protos stop
+here: the servicer converts them (`scheduler_protos.py`) and hands work to the step loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+import grpc
+
+from services.common.config import SchedulerConfig
+from services.common.grpc_server import RunningServer, serve_until_signal, start_server
+from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
+from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc
+from services.scheduler.errors import ErrorKind, SchedulerError
+from services.scheduler.grammar_backend import GrammarFactory, grammar_factory
+from services.scheduler.requests import FailedEvent, FinishedEvent, RequestEvent
+from services.scheduler.scheduler_protos import (event_to_proto, params_from_proto,
+                                                 request_state_to_proto, state_to_proto,
+                                                 worker_status_to_proto)
+from services.scheduler.step_loop import StepLoop
+from services.scheduler.step_plan import WorkerDescription
+from services.scheduler.worker_client import WorkerSet, WorkerTimeouts
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+_STATUS = {kind: getattr(grpc.StatusCode, kind.value) for kind in ErrorKind}
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, config: SchedulerConfig, loop: StepLoop, workers: WorkerSet) -> None:
+        self._config = config
+        self._loop = loop
+        self._workers = workers
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            params = params_from_proto(request)
+        except SchedulerError as error:
+            await context.abort(_STATUS[error.kind], error.message)
+        events: asyncio.Queue[RequestEvent] = asyncio.Queue()
+        self._loop.submit(params, events.put_nowait)
+        ended = False
+        try:
+            while not ended:
+                event = await events.get()
+                if isinstance(event, FailedEvent):
+                    ended = True
+                    await context.abort(_STATUS[event.kind], event.message)
+                ended = isinstance(event, FinishedEvent)
+                yield event_to_proto(event)
+        finally:
+            if not ended:  # the caller cancelled: abort and release everything now
+                self._loop.cancel(params.request_id, events.put_nowait)
+
+    async def Abort(self, request: pb.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> pb.AbortResponse:
+        return pb.AbortResponse(found=await self._loop.abort(request.request_id))
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest,
+                           context: grpc.aio.ServicerContext) -> pb.GetModelInfoResponse:
+        description = self._workers.description
+        if description is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                "no worker has completed its handshake yet")
+        grammar = self._loop.grammar
+        return pb.GetModelInfoResponse(
+            served_model_name=self._config.served_model_name,
+            max_model_len=self._config.max_model_len, vocab_size=description.vocab_size,
+            eos_token_id=description.eos_token_id, block_size=description.block_size,
+            model_fingerprint=description.model_fingerprint,
+            constrained_decoding_available=bool(grammar is not None and grammar.available))
+
+    async def CheckReady(self, request: pb.CheckReadyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.CheckReadyResponse:
+        readiness = await self._workers.check_ready()
+        return pb.CheckReadyResponse(ready=readiness.ready, reason=readiness.reason,
+                                     workers=[worker_status_to_proto(w) for w in readiness.workers])
+
+    async def GetSchedulerState(self, request: pb.GetSchedulerStateRequest,
+                                context: grpc.aio.ServicerContext) -> pb.GetSchedulerStateResponse:
+        snapshot = await self._loop.snapshot(request.include_requests)
+        return state_to_proto(snapshot, self._workers.statuses())
+
+    async def GetRequestState(self, request: pb.GetRequestStateRequest,
+                              context: grpc.aio.ServicerContext) -> pb.GetRequestStateResponse:
+        snapshot = await self._loop.request_snapshot(request.request_id)
+        if snapshot is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no live request with id {request.request_id!r}")
+        return request_state_to_proto(snapshot)
+
+
+@dataclass
+class RunningScheduler:
+    """A started scheduler: its gRPC server (bound `port`), step loop and worker set."""
+
+    grpc: RunningServer
+    loop: StepLoop
+    workers: WorkerSet
+    loop_task: asyncio.Task
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.grpc.stop(grace_s)
+        await self.workers.stop()
+        self.loop_task.cancel()
+        await asyncio.gather(self.loop_task, return_exceptions=True)
+        self.loop.close()
+
+
+async def start_scheduler_server(config: SchedulerConfig, *,
+                                 grammar: Optional[GrammarFactory] = None,
+                                 expected_fingerprint: Optional[str] = None,
+                                 timeouts: WorkerTimeouts = WorkerTimeouts()) -> RunningScheduler:
+    """Start serving on config.host:config.port (0: a free port, see `.port`) and start connecting
+    to the workers; health turns SERVING once every worker passed the handshake."""
+    loop: Optional[StepLoop] = None  # bound below; the worker callbacks run only after start()
+    health_updates: set[asyncio.Task] = set()
+    running_server: Optional[RunningServer] = None
+
+    def flip_health(serving: bool) -> None:
+        if running_server is not None:
+            update = running_server.mark_serving() if serving else running_server.mark_not_serving()
+            task = asyncio.ensure_future(update)
+            health_updates.add(task)
+            task.add_done_callback(health_updates.discard)
+
+    def on_ready(description: WorkerDescription) -> None:
+        loop.workers_ready(description)
+        flip_health(True)
+
+    def on_lost(reason: str) -> None:
+        loop.workers_lost(reason)
+        flip_health(False)
+
+    workers = WorkerSet(config.worker_addresses, block_size=config.block_size,
+                        expected_fingerprint=expected_fingerprint,
+                        probe_interval_s=config.worker_probe_interval_s, timeouts=timeouts,
+                        on_ready=on_ready, on_lost=on_lost)
+    loop = StepLoop(config, workers, grammar or grammar_factory(config))
+    servicer = SchedulerServicer(config, loop, workers)
+    running_server = await start_server(
+        config.host, config.port, [SERVICE_NAME],
+        lambda server: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server))
+    loop_task = asyncio.get_running_loop().create_task(loop.run(), name="step loop")
+    workers.start()
+    return RunningScheduler(running_server, loop, workers, loop_task)
+
+
+async def serve(config: SchedulerConfig, *, started: Optional[asyncio.Event] = None) -> None:
+    """Run the scheduler until SIGINT/SIGTERM; `started` is set once it listens."""
+    running = await start_scheduler_server(config)
+    log.info("scheduler listening on %s:%d; workers %s", config.host, running.port,
+             ", ".join(config.worker_addresses))
+    if started is not None:
+        started.set()
+    try:
+        await serve_until_signal(running.grpc)
+    finally:
+        await running.stop()

@@ -1,0 +1,261 @@
+"""The step loop: the one asyncio task that owns every live request, the queues and the block tables.
+
+Everything else talks to it through commands (plain callables run inside the loop task between
+steps), so no state is shared and no locks are needed. The loop never runs a step with nothing to do:
+when the scheduler has no plan it waits for the next command (or the next stall deadline).
+Grammar compilation runs in its own task; its result comes back as a command, so the loop never
+waits on a compile.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, Callable, Optional, Protocol
+
+from services.common.config import SchedulerConfig
+from services.scheduler.admission import AdmissionLimits, admit
+from services.scheduler.errors import ErrorKind, SchedulerError, WorkerLost
+from services.scheduler.grammar_backend import GrammarBackend, GrammarFactory, compile_constraint
+from services.scheduler.kv_cache import KvCacheManager
+from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, FinishedEvent,
+                                         FinishReason, GenerateParams, Request, RequestPhase)
+from services.scheduler.scheduler import Scheduler, SchedulerCounters, SchedulingLimits
+from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
+from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
+
+log = logging.getLogger(__name__)
+
+Command = Callable[[], None]
+
+
+class StepExecutor(Protocol):
+    """What the loop needs of the worker set."""
+
+    async def step(self, plan: StepPlan) -> StepResult: ...
+
+
+class StepLoop:
+    def __init__(self, config: SchedulerConfig, executor: StepExecutor,
+                 grammar_factory: GrammarFactory) -> None:
+        self._config = config
+        self._executor = executor
+        self._grammar_factory = grammar_factory
+        self._commands: asyncio.Queue[Command] = asyncio.Queue()
+        self._requests: dict[str, Request] = {}
+        self._sinks: dict[str, EventSink] = {}  # request id → the sink its Generate call passed
+        self._compiles: dict[str, asyncio.Task] = {}
+        self._arrivals = itertools.count()
+        self._counters = SchedulerCounters()
+        self._scheduler: Optional[Scheduler] = None
+        self._description: Optional[WorkerDescription] = None
+        self.grammar: Optional[GrammarBackend] = None
+        self.not_ready_reason = "no worker has completed its handshake yet"
+
+    # ---- called from other tasks (servicer, worker client); each enqueues a command ----------
+    def submit(self, params: GenerateParams, emit: EventSink) -> None:
+        self._commands.put_nowait(lambda: self._on_submit(params, emit))
+
+    async def abort(self, request_id: str) -> bool:
+        return await self._ask(lambda: self._on_abort(request_id))
+
+    def cancel(self, request_id: str, emit: EventSink) -> None:
+        """The Generate call that submitted with `emit` went away: abort its request, if live."""
+        def on_cancel() -> None:
+            if self._sinks.get(request_id) is emit:
+                self._on_abort(request_id)
+        self._commands.put_nowait(on_cancel)
+
+    async def snapshot(self, include_requests: bool) -> SchedulerSnapshot:
+        return await self._ask(lambda: self._snapshot(include_requests))
+
+    async def request_snapshot(self, request_id: str) -> Optional[RequestSnapshot]:
+        return await self._ask(lambda: self._request_snapshot(request_id))
+
+    def workers_ready(self, description: WorkerDescription) -> None:
+        self._commands.put_nowait(lambda: self._on_workers_ready(description))
+
+    def workers_lost(self, reason: str) -> None:
+        self._commands.put_nowait(lambda: self._on_workers_lost(reason))
+
+    async def _ask(self, query: Callable[[], Any]) -> Any:
+        reply: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._commands.put_nowait(lambda: reply.set_result(query()))
+        return await reply
+
+    # ---- the loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while True:
+                self._run_pending_commands()
+                plan = self._scheduler.schedule() if self._scheduler else None
+                if plan is None:
+                    await self._wait_for_command()
+                    continue
+                await self._execute(plan)
+        finally:
+            self._release_everything()
+
+    def _run_pending_commands(self) -> None:
+        while not self._commands.empty():
+            self._commands.get_nowait()()
+
+    async def _wait_for_command(self) -> None:
+        timeout = self._scheduler.seconds_until_stall_deadline() if self._scheduler else None
+        try:
+            command = await asyncio.wait_for(self._commands.get(), timeout)
+        except asyncio.TimeoutError:
+            return
+        command()
+
+    async def _execute(self, plan: StepPlan) -> None:
+        try:
+            result = await self._executor.step(plan)
+        except WorkerLost as lost:
+            self._on_workers_lost(str(lost))
+            return
+        if result.error:
+            self._fail_step(plan, result.error)
+            return
+        self._scheduler.commit(plan, result)
+
+    def _fail_step(self, plan: StepPlan, error: str) -> None:
+        message = f"worker failed step {plan.step_id}: {error}"
+        for row in plan.rows:
+            request = self._scheduler.request_for_seq(row.seq_id)
+            if request is not None:
+                self._scheduler.fail(request, ErrorKind.INTERNAL, message)
+
+    # ---- commands ---------------------------------------------------------------------------
+    def _on_submit(self, params: GenerateParams, emit: EventSink) -> None:
+        try:
+            request, admitted = self._admit(params, emit)
+        except SchedulerError as error:
+            emit(FailedEvent(error.kind, error.message))
+            return
+        self._requests[request.request_id] = request
+        self._sinks[request.request_id] = emit
+        request.emit = self._forgetting(request, emit)
+        if request.constraint is None:
+            request.emit(admitted)
+            self._scheduler.add(request)
+            return
+        request.phase = RequestPhase.GRAMMAR_PENDING
+        request.grammar_status = "pending"
+        task = asyncio.get_running_loop().create_task(
+            self._compile(request, admitted), name=f"compile {request.request_id}")
+        self._compiles[request.request_id] = task
+
+    def _admit(self, params: GenerateParams, emit: EventSink) -> tuple[Request, AdmittedEvent]:
+        if self._scheduler is None:
+            raise SchedulerError(ErrorKind.UNAVAILABLE, f"not ready: {self.not_ready_reason}")
+        if params.request_id in self._requests:
+            raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
+                                 f"request id {params.request_id!r} is already live")
+        limits = AdmissionLimits(self._config.max_model_len,
+                                 self._config.generate_defaults.max_new_tokens,
+                                 self._description.vocab_size)
+        request, admitted = admit(params, limits, next(self._arrivals), emit)
+        if not self._scheduler.kv.fits_empty_partition(len(request.prompt_token_ids) + 1):
+            raise SchedulerError(ErrorKind.RESOURCE_EXHAUSTED,
+                                 f"the prompt ({len(request.prompt_token_ids)} tokens) can never fit "
+                                 f"the KV cache of one partition")
+        return request, admitted
+
+    def _forgetting(self, request: Request, emit: EventSink) -> EventSink:
+        """Wrap the sink so a terminal event also drops the request from the live table."""
+        def forward(event: Any) -> None:
+            if request.phase is RequestPhase.FINISHED:
+                self._requests.pop(request.request_id, None)
+                self._sinks.pop(request.request_id, None)
+            emit(event)
+        return forward
+
+    async def _compile(self, request: Request, admitted: AdmittedEvent) -> None:
+        try:
+            compiled = await compile_constraint(self.grammar, request.constraint)
+        except asyncio.CancelledError:
+            raise
+        except SchedulerError as error:
+            self._commands.put_nowait(lambda: self._on_compile_failed(request, error))
+        else:
+            self._commands.put_nowait(lambda: self._on_compiled(request, admitted, compiled))
+
+    def _on_compiled(self, request: Request, admitted: AdmittedEvent, compiled: Any) -> None:
+        self._compiles.pop(request.request_id, None)
+        if request.phase is not RequestPhase.GRAMMAR_PENDING or self._scheduler is None:
+            return
+        request.matcher = self.grammar.matcher(compiled)
+        request.grammar_status = "ready"
+        request.emit(admitted)
+        self._scheduler.add(request)
+
+    def _on_compile_failed(self, request: Request, error: SchedulerError) -> None:
+        self._compiles.pop(request.request_id, None)
+        if request.phase is RequestPhase.GRAMMAR_PENDING:
+            request.phase = RequestPhase.FINISHED
+            request.emit(FailedEvent(error.kind, error.message))
+
+    def _on_abort(self, request_id: str) -> bool:
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        if request.phase is RequestPhase.GRAMMAR_PENDING:
+            # Keep the stream contract (admitted first), then finish as aborted.
+            self._compiles.pop(request_id).cancel()
+            request.phase = RequestPhase.FINISHED
+            request.emit(AdmittedEvent(len(request.prompt_token_ids), request.max_tokens, True, False))
+            request.emit(FinishedEvent(FinishReason.ABORT, len(request.prompt_token_ids), 0, False))
+        else:
+            self._scheduler.abort(request)
+        return True
+
+    def _on_workers_ready(self, description: WorkerDescription) -> None:
+        self._description = description
+        if self.grammar is None:
+            self.grammar = self._grammar_factory(description)
+        kv = KvCacheManager(description.block_size,
+                            {pid: description.block_groups for pid in description.partition_ids})
+        limits = SchedulingLimits(
+            max_model_len=self._config.max_model_len, max_num_seqs=self._config.max_num_seqs,
+            max_num_batched_tokens=min(self._config.max_num_batched_tokens,
+                                       description.max_num_batched_tokens),
+            long_prefill_token_threshold=self._config.long_prefill_token_threshold,
+            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id)
+        self._scheduler = Scheduler(limits, kv, self._counters)
+        self.not_ready_reason = ""
+
+    def _on_workers_lost(self, reason: str) -> None:
+        """Fail every live request (their worker state is gone) and wait for a new handshake."""
+        self.not_ready_reason = reason
+        for request in list(self._requests.values()):
+            self._fail_anywhere(request, ErrorKind.UNAVAILABLE, f"worker lost: {reason}")
+        self._scheduler = None
+
+    def _fail_anywhere(self, request: Request, kind: ErrorKind, message: str) -> None:
+        if request.phase is RequestPhase.GRAMMAR_PENDING:
+            self._compiles.pop(request.request_id).cancel()
+            request.phase = RequestPhase.FINISHED
+            request.emit(FailedEvent(kind, message))
+        elif self._scheduler is not None:
+            self._scheduler.fail(request, kind, message)
+
+    def _release_everything(self) -> None:
+        for request in list(self._requests.values()):
+            self._fail_anywhere(request, ErrorKind.UNAVAILABLE, "the scheduler is shutting down")
+
+    def close(self) -> None:
+        """Stop the grammar compile pool (after the loop task ended)."""
+        if self.grammar is not None:
+            self.grammar.close()
+
+    # ---- state views ------------------------------------------------------------------------
+    def _snapshot(self, include_requests: bool) -> SchedulerSnapshot:
+        return SchedulerSnapshot.build(self._scheduler, self._counters, self._requests.values(),
+                                       self.grammar, include_requests)
+
+    def _request_snapshot(self, request_id: str) -> Optional[RequestSnapshot]:
+        request = self._requests.get(request_id)
+        if request is None:
+            return None
+        return snapshot_request(request, self._scheduler.kv if self._scheduler else None)

@@ -1,0 +1,273 @@
+"""Connections to the workers: handshake, the Step streams, failure detection and reconnection.
+
+`WorkerSet` owns the connection state of every worker. It is ready when every worker has passed the
+handshake and has a Step stream; then the step loop is told `on_ready(description)`. A step that
+fails or times out, or a periodic probe (`Describe`) that fails, closes every stream, marks the set
+not ready and tells `on_lost(reason)`; a supervisor task keeps re-handshaking until every worker is
+back, then opens new streams (which start with no sequences) and reports ready again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import grpc
+
+from services.common.build_info import ABI_VERSION, build_id
+from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.scheduler.errors import WorkerLost
+from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
+from services.scheduler.worker_protos import (description_from_proto, merge_results,
+                                              plan_to_proto, result_from_proto)
+
+log = logging.getLogger(__name__)
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 256 << 20),
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class HandshakeRefused(Exception):
+    """The worker answered Describe but disagrees with the scheduler (ABI, model, block size)."""
+
+
+@dataclass(frozen=True)
+class WorkerTimeouts:
+    step_s: float = 300.0     # a step slower than this means the worker hangs
+    probe_s: float = 5.0      # Describe round trip (handshake, probe, CheckReady)
+
+
+@dataclass(frozen=True)
+class WorkerStatusView:
+    address: str
+    connected: bool
+    error: str
+    last_ok_age_ms: int
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+    workers: list[WorkerStatusView]
+
+
+class WorkerConnection:
+    """One worker: its channel, handshake facts and (while ready) its Step stream."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.description: Optional[WorkerDescription] = None
+        self.error = "not connected yet"
+        self.last_ok: Optional[float] = None
+        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self._stream: Optional[grpc.aio.StreamStreamCall] = None
+
+    async def describe(self, timeout_s: float) -> WorkerDescription:
+        request = worker_pb2.DescribeRequest(scheduler_abi_version=ABI_VERSION,
+                                             scheduler_build=build_id())
+        response = await self._stub.Describe(request, timeout=timeout_s)
+        self.last_ok = time.monotonic()
+        return description_from_proto(response)
+
+    def open_stream(self) -> None:
+        self.close_stream()
+        self._stream = self._stub.Step()
+
+    def close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
+
+    async def step(self, request: worker_pb2.StepRequest, timeout_s: float) -> StepResult:
+        """One round trip on the stream; raises WorkerLost naming this worker."""
+        if self._stream is None:
+            raise WorkerLost(f"worker {self.address}: no open Step stream")
+        try:
+            response = await asyncio.wait_for(self._round_trip(request), timeout_s)
+        except asyncio.TimeoutError:
+            raise WorkerLost(f"worker {self.address} did not answer step {request.step_id} "
+                             f"within {timeout_s:g}s") from None
+        except grpc.aio.AioRpcError as error:
+            raise WorkerLost(f"worker {self.address}: {error.code().name}: {error.details()}") from None
+        self.last_ok = time.monotonic()
+        return result_from_proto(response)
+
+    async def _round_trip(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
+        await self._stream.write(request)
+        response = await self._stream.read()
+        if response is grpc.aio.EOF:
+            raise WorkerLost(f"worker {self.address} closed its Step stream")
+        if response.step_id != request.step_id:
+            raise WorkerLost(f"worker {self.address} answered step {response.step_id} to step "
+                             f"{request.step_id}")
+        return response
+
+    def status(self, now: float) -> WorkerStatusView:
+        age = int((now - self.last_ok) * 1000) if self.last_ok is not None else 0
+        return WorkerStatusView(self.address, self.description is not None and not self.error,
+                                self.error, age)
+
+    async def close(self) -> None:
+        self.close_stream()
+        await self._channel.close()
+
+
+class WorkerSet:
+    """Every worker of the deployment, handled as one unit: steps go to all, readiness needs all."""
+
+    def __init__(self, addresses: tuple[str, ...], *, block_size: int,
+                 expected_fingerprint: Optional[str], probe_interval_s: float,
+                 timeouts: WorkerTimeouts, on_ready: Callable[[WorkerDescription], None],
+                 on_lost: Callable[[str], None]) -> None:
+        self._connections = [WorkerConnection(address) for address in addresses]
+        self._block_size = block_size
+        self._reference_fingerprint = expected_fingerprint
+        self._fingerprint_source = "the expected fingerprint" if expected_fingerprint else ""
+        self._probe_interval_s = probe_interval_s
+        self._timeouts = timeouts
+        self._on_ready = on_ready
+        self._on_lost = on_lost
+        self._wake = asyncio.Event()
+        self._supervisor: Optional[asyncio.Task] = None
+        self.ready = False
+        self.description: Optional[WorkerDescription] = None
+
+    def start(self) -> None:
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(),
+                                                                  name="worker supervisor")
+
+    async def stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        for connection in self._connections:
+            await connection.close()
+
+    # ---- supervision ------------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        while True:
+            if self.ready:
+                await self._probe()
+            else:
+                await self._connect_all()
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._probe_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _connect_all(self) -> None:
+        handshakes = await asyncio.gather(*(self._handshake(c) for c in self._connections))
+        if not all(handshakes):
+            return
+        first = self._connections[0].description
+        partitions = sorted({p for c in self._connections for p in c.description.partition_ids})
+        self.description = replace(first, partition_ids=tuple(partitions), max_num_batched_tokens=min(
+            c.description.max_num_batched_tokens for c in self._connections))
+        for connection in self._connections:
+            connection.open_stream()
+        self.ready = True
+        log.info("all %d workers connected; partitions %s", len(self._connections), partitions)
+        self._on_ready(self.description)
+
+    async def _handshake(self, connection: WorkerConnection) -> bool:
+        try:
+            description = await connection.describe(self._timeouts.probe_s)
+            self._validate(connection.address, description)
+        except grpc.aio.AioRpcError as error:
+            connection.description = None
+            connection.error = f"unreachable: {error.code().name}: {error.details()}"
+            return False
+        except HandshakeRefused as refused:
+            if connection.error != str(refused):
+                log.error("%s", refused)
+            connection.description = None
+            connection.error = str(refused)
+            return False
+        connection.description = description
+        connection.error = ""
+        return True
+
+    def _validate(self, address: str, description: WorkerDescription) -> None:
+        if description.abi_version != ABI_VERSION:
+            raise HandshakeRefused(
+                f"worker {address} refused: its ABI version is {description.abi_version} (build "
+                f"{description.build_id}) but this scheduler's ABI version is {ABI_VERSION} (build "
+                f"{build_id()}); scheduler and workers must come from the same release")
+        if self._reference_fingerprint is None:
+            self._reference_fingerprint = description.model_fingerprint
+            self._fingerprint_source = f"the first worker's ({address})"
+        elif description.model_fingerprint != self._reference_fingerprint:
+            raise HandshakeRefused(
+                f"worker {address} refused: its model fingerprint {description.model_fingerprint} "
+                f"differs from {self._fingerprint_source} {self._reference_fingerprint}")
+        if description.block_size != self._block_size:
+            raise HandshakeRefused(
+                f"worker {address} refused: its block size is {description.block_size} but the "
+                f"scheduler's --block-size is {self._block_size}")
+
+    async def _probe(self) -> None:
+        outcomes = await asyncio.gather(
+            *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
+        for connection, outcome in zip(self._connections, outcomes):
+            if isinstance(outcome, grpc.aio.AioRpcError):
+                self._lose(connection, f"worker {connection.address} failed a probe: "
+                                       f"{outcome.code().name}: {outcome.details()}")
+                return
+
+    def _lose(self, connection: WorkerConnection, reason: str) -> None:
+        connection.error = reason
+        if not self.ready:
+            return
+        log.error("%s; failing in-flight requests and reconnecting", reason)
+        self.ready = False
+        for each in self._connections:
+            each.close_stream()
+        self._on_lost(reason)
+        self._wake.set()
+
+    # ---- steps and readiness ----------------------------------------------------------------
+    async def step(self, plan: StepPlan) -> StepResult:
+        """Send the plan to every worker and merge the answers; raises WorkerLost."""
+        if not self.ready:
+            raise WorkerLost("workers are not connected")
+        request = plan_to_proto(plan)
+        outcomes = await asyncio.gather(
+            *(c.step(request, self._timeouts.step_s) for c in self._connections),
+            return_exceptions=True)
+        for connection, outcome in zip(self._connections, outcomes):
+            if isinstance(outcome, WorkerLost):
+                self._lose(connection, str(outcome))
+                raise outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return merge_results(outcomes)
+
+    async def check_ready(self) -> Readiness:
+        """A fresh Describe round trip to every worker (short timeout)."""
+        outcomes = await asyncio.gather(
+            *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
+        failures = [f"worker {c.address}: {o.code().name}: {o.details()}"
+                    for c, o in zip(self._connections, outcomes)
+                    if isinstance(o, grpc.aio.AioRpcError)]
+        if failures:
+            reason = "; ".join(failures)
+        elif not self.ready:
+            reason = "; ".join(f"worker {c.address}: {c.error}" for c in self._connections
+                               if c.error) or "workers are reconnecting"
+        else:
+            reason = ""
+        return Readiness(not reason, reason, self.statuses())
+
+    def statuses(self) -> list[WorkerStatusView]:
+        now = time.monotonic()
+        return [c.status(now) for c in self._connections]
