@@ -40,6 +40,7 @@ class AttentionLayer:
             yarn = None if ys is None else (ys.original_max_position_embeddings, ys.factor,
                                             ys.beta_fast, ys.beta_slow)
             self.inv_freq = numerics.rope_inv_freq(rd, config.compress_rope_theta, yarn)
+        self.inv_freq = self.inv_freq.to(weights[prefix + "attn_sink"].device)
         self.kv_spec: Optional[CompressorSpec] = None
         self.index_spec: Optional[CompressorSpec] = None
         if self.ratio:
@@ -100,7 +101,7 @@ class AttentionLayer:
             if self.kv_spec is not None:
                 entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, state,
                                          cache, cache.entries[self.layer_id])
-                visible = (torch.arange(entries.shape[0])[None, :]
+                visible = (torch.arange(entries.shape[0], device=entries.device)[None, :]
                            < ((chunk.positions + 1) // self.ratio)[:, None])
                 if self.index_spec is None:
                     cmp_keys, cmp_mask = entries, visible
@@ -123,7 +124,8 @@ class AttentionLayer:
         table = chunk.window_block_table
         cache.write_window(self.layer_id, cache.window_slots(table, chunk.positions), kv)
         window = self.config.sliding_window
-        key_pos = torch.arange(max(0, chunk.start_pos - window + 1), chunk.end_pos)
+        key_pos = torch.arange(max(0, chunk.start_pos - window + 1), chunk.end_pos,
+                               device=kv.device)
         keys = cache.read_window(self.layer_id, cache.window_slots(table, key_pos))
         q_pos = chunk.positions[:, None]
         mask = (key_pos[None, :] <= q_pos) & (key_pos[None, :] > q_pos - window)

@@ -23,7 +23,7 @@ class ChunkRows:
 
     @property
     def positions(self) -> torch.Tensor:
-        return torch.arange(self.start_pos, self.end_pos)
+        return torch.arange(self.start_pos, self.end_pos, device=self.block_table.device)
 
 
 @dataclass(frozen=True)

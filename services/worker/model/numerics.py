@@ -58,7 +58,7 @@ def _round_e2m1(v: torch.Tensor) -> torch.Tensor:
     code = torch.zeros_like(a, dtype=torch.int64)
     for bound, inclusive in _E2M1_UPPER_BOUNDS:
         code += (a >= bound if inclusive else a > bound).to(torch.int64)
-    mag = torch.tensor(_E2M1_VALUES, dtype=torch.float32)[code]
+    mag = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=v.device)[code]
     return torch.copysign(mag, v)
 
 

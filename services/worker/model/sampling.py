@@ -1,0 +1,62 @@
+"""Greedy sampling of one row: optional additive logit bias, then an optional grammar mask.
+
+The bias is added before masking, so a bias can never re-enable a token the grammar forbids.
+Masks come in two layouts: a list of allowed token ids, or an XGrammar bitmask of int32 words where
+bit i of word w allows token 32·w + i. A row whose mask allows nothing raises `NoAllowedToken`;
+the caller reports it for that row only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+class NoAllowedToken(ValueError):
+    """The grammar mask of a row allows no token of the vocabulary."""
+
+
+def unpack_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [ceil(V/32)] → bool [V]; bits past the vocabulary are ignored."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words.to(torch.int32).unsqueeze(-1) >> shifts) & 1
+    allowed = bits.flatten().bool()
+    if allowed.numel() < vocab_size:
+        allowed = torch.cat([allowed, allowed.new_zeros(vocab_size - allowed.numel())])
+    return allowed[:vocab_size]
+
+
+def allowed_tokens(vocab_size: int, allowed_token_ids: Optional[torch.Tensor],
+                   token_bitmask: Optional[torch.Tensor], device: torch.device
+                   ) -> Optional[torch.Tensor]:
+    """bool [V] of the tokens the grammar allows (both forms given: their intersection);
+    None when the row is unconstrained."""
+    allowed: Optional[torch.Tensor] = None
+    if allowed_token_ids is not None:
+        ids = allowed_token_ids.to(device=device, dtype=torch.int64)
+        ids = ids[(ids >= 0) & (ids < vocab_size)]
+        allowed = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        allowed[ids] = True
+    if token_bitmask is not None:
+        from_bits = unpack_bitmask(token_bitmask.to(device), vocab_size)
+        allowed = from_bits if allowed is None else allowed & from_bits
+    return allowed
+
+
+def greedy_sample(logits: torch.Tensor,
+                  allowed_token_ids: Optional[torch.Tensor] = None,
+                  token_bitmask: Optional[torch.Tensor] = None,
+                  logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> int:
+    """logits fp32 [V] → the argmax token id (lowest id on ties) under bias and mask."""
+    scores = logits.float()
+    if logit_bias is not None:
+        ids, values = logit_bias
+        scores = scores.index_add(0, ids.to(scores.device, torch.int64),
+                                  values.to(scores.device, torch.float32))
+    allowed = allowed_tokens(scores.numel(), allowed_token_ids, token_bitmask, scores.device)
+    if allowed is None:
+        return int(torch.argmax(scores))
+    candidates = torch.nonzero(allowed).flatten()
+    if candidates.numel() == 0:
+        raise NoAllowedToken("the grammar mask allows no token")
+    return int(candidates[torch.argmax(scores[candidates])])
