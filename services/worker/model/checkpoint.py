@@ -229,7 +229,10 @@ class CheckpointReader:
         """Shape and storage dtype as written in the shard header (no tensor data is read)."""
         native = native_name(name)
         entry = self._entry(native)
-        header = self._header(entry.shard)
+        try:
+            header = self._header(entry.shard)
+        except CheckpointError as exc:
+            raise CheckpointError(f"tensor {_describe(native, entry)}: {exc}") from exc
         if entry.stored_name not in header:
             raise CheckpointError(f"tensor {_describe(native, entry)} is missing: the index maps "
                                   f"it to {entry.shard.name}, which does not hold it")

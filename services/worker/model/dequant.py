@@ -63,7 +63,8 @@ def dequant_fp4_rows(packed: torch.Tensor, scale: torch.Tensor,
         raise ValueError(f"fp4 scale shape {tuple(scale.shape)} does not match packed weight "
                          f"{(out_f, half_in)}: expected {(out_f, in_f // FP4_BLOCK)}")
     pair_table = _e2m1_byte_table(packed.device)            # [256, 2]: (low, high) nibble values
-    values = pair_table[packed.view(torch.uint8).to(torch.int32)]   # [out, in/2, 2]
+    byte_index = packed.view(torch.uint8).reshape(-1).to(torch.int32)
+    values = pair_table.index_select(0, byte_index)                 # [out * in/2, 2]
     blocks = values.view(out_f, in_f // FP4_BLOCK, FP4_BLOCK) * e8m0_to_float(scale)[..., None]
     return blocks.view(out_f, in_f).to(dtype)
 
