@@ -106,9 +106,10 @@ class ClientDisconnected(Exception):
 class Gateway:
     """Owns the per-process state every route uses: tokenizer, limits, scheduler client, metrics."""
 
-    def __init__(self, config: FrontendConfig, scheduler: Optional[SchedulerClient]) -> None:
+    def __init__(self, config: FrontendConfig, scheduler: Optional[SchedulerClient],
+                 tokenizer: Optional[Dsv4Tokenizer]) -> None:
         self.config = config
-        self.tokenizer = Dsv4Tokenizer(config.model_dir)
+        self.tokenizer = tokenizer or Dsv4Tokenizer(config.model_dir)
         model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
         self.limits = RequestLimits(config.served_model_name,
                                     int(model_config.get("vocab_size", self.tokenizer.vocab_size)),
@@ -456,10 +457,14 @@ async def _on_bug(request: Request, error: Exception) -> Response:
 
 # ---- factory and server ---------------------------------------------------------------------------
 
-def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClient] = None) -> Starlette:
-    """The app; loads the tokenizer and config.json now. Without `scheduler_client` the lifespan
-    connects to `config.scheduler_address` (inside the serving event loop, as grpc.aio requires)."""
-    gateway = Gateway(config, scheduler_client)
+def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClient] = None,
+               tokenizer: Optional[Dsv4Tokenizer] = None) -> Starlette:
+    """The app; loads config.json and the tokenizer (unless given: it takes seconds) now.
+
+    Without `scheduler_client` the lifespan connects to `config.scheduler_address` inside the
+    serving event loop, as grpc.aio requires.
+    """
+    gateway = Gateway(config, scheduler_client, tokenizer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

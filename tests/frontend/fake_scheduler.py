@@ -11,6 +11,7 @@ separate processes; records are guarded by a condition variable that tests wait 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -45,6 +46,12 @@ class Script:
     error_after_tokens: Optional[tuple[grpc.StatusCode, str]] = None
     # After the tokens, wait until the caller cancels (never finishes on its own).
     hold_after_tokens: bool = False
+
+
+@functools.lru_cache(maxsize=1)
+def shared_tokenizer() -> Dsv4Tokenizer:
+    """The real V4 tokenizer, loaded once per test process (loading takes seconds)."""
+    return Dsv4Tokenizer(bundled_tokenizer_dir())
 
 
 def make_model_dir(root: Path) -> Path:
@@ -224,12 +231,12 @@ class GatewayHarness:
         from services.frontend.app import create_app
 
         self.model_dir = make_model_dir(root)
-        self.tokenizer = Dsv4Tokenizer(self.model_dir)
+        self.tokenizer = shared_tokenizer()
         self.fake = FakeScheduler(self.tokenizer)
         self.fake.start()
         self.config = FrontendConfig(model_dir=self.model_dir, served_model_name=SERVED_MODEL,
                                      scheduler_address=self.fake.address)
-        self.server = GatewayServer(create_app(self.config))
+        self.server = GatewayServer(create_app(self.config, tokenizer=self.tokenizer))
         self.server.start()
 
     @property

@@ -40,12 +40,12 @@ def fake(harness: GatewayHarness):
     return harness.fake
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(harness: GatewayHarness):
     return openai.OpenAI(base_url=harness.base_url + "/v1", api_key="unused", max_retries=0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def http(harness: GatewayHarness):
     with httpx.Client(base_url=harness.base_url, timeout=30) as c:
         yield c
