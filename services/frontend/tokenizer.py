@@ -25,17 +25,22 @@ def bundled_tokenizer_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """Byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other bytes are
-    shifted to code points 256, 257, … in byte order."""
+def _byte_alphabet_table() -> dict[int, int]:
+    """`str.translate` table of the byte-level BPE alphabet → Latin-1 code points of the bytes.
+
+    Printable Latin-1 bytes stand for themselves; the other bytes are shifted to code points 256,
+    257, … in byte order. Latin-1 characters outside the alphabet map to U+FFFF so that a token
+    containing one fails the Latin-1 encode and is taken as plain text instead.
+    """
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    alphabet = {chr(b): b for b in printable}
+    table = {b: b for b in printable}
     shifted = 0
     for b in range(256):
-        if b not in printable:
-            alphabet[chr(256 + shifted)] = b
+        if b not in table:
+            table[256 + shifted] = b
+            table[b] = 0xFFFF
             shifted += 1
-    return alphabet
+    return table
 
 
 class Dsv4Tokenizer:
@@ -52,18 +57,19 @@ class Dsv4Tokenizer:
         self.eos_token_id: int = self._required_id("<｜end▁of▁sentence｜>")
 
     def _build_byte_table(self) -> tuple[list[bytes], frozenset[int]]:
-        alphabet = _byte_alphabet()
+        alphabet = _byte_alphabet_table()
         added = self._tokenizer.get_added_tokens_decoder()
-        size = max(self._tokenizer.get_vocab(with_added_tokens=True).values()) + 1
-        table = [b""] * size
-        for token, token_id in self._tokenizer.get_vocab(with_added_tokens=False).items():
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
+        table = [b""] * (max(vocab.values()) + 1)
+        for token, token_id in vocab.items():
+            if token_id in added:
+                table[token_id] = added[token_id].content.encode("utf-8")
+                continue
             # Like the ByteLevel decoder: a token outside the byte alphabet stands for its own text.
-            if all(ch in alphabet for ch in token):
-                table[token_id] = bytes(alphabet[ch] for ch in token)
-            else:
+            try:
+                table[token_id] = token.translate(alphabet).encode("latin-1")
+            except UnicodeEncodeError:
                 table[token_id] = token.encode("utf-8")
-        for token_id, added_token in added.items():
-            table[token_id] = added_token.content.encode("utf-8")
         specials = frozenset(i for i, t in added.items() if t.special)
         return table, specials
 
