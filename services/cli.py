@@ -160,23 +160,30 @@ def run_check(argv: Sequence[str], out: Any = sys.stdout) -> int:
     args = parser.parse_args(list(argv))
     import httpx
 
-    results = []
     with httpx.Client(base_url=args.url, timeout=args.timeout, trust_env=False) as client:
-        checks: list[tuple[str, Callable[[], CheckResult]]] = [
-            ("health", lambda: check_health(client)),
-            ("constrained tool call",
-             lambda: check_constrained_tool_call(client, args.model or _served_model(client), args.max_tokens)),
-            ("ordinary chat",
-             lambda: check_ordinary_chat(client, args.model or _served_model(client), args.max_tokens)),
-        ]
-        for name, check in checks:
-            try:
-                result = check()
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                result = CheckResult(name, False, f"{type(exc).__name__}: {exc}")
-            results.append(result)
-            print(f"{'PASS' if result.passed else 'FAIL'} {result.name}: {result.detail}", file=out, flush=True)
+        results = run_checks(client, args.model, args.max_tokens, out)
     return 0 if all(r.passed for r in results) else 1
+
+
+def run_checks(client: Any, model: Optional[str], max_tokens: int, out: Any) -> list[CheckResult]:
+    """Run the three checks in order with an httpx client, printing PASS/FAIL as each completes."""
+    import httpx
+
+    checks: list[tuple[str, Callable[[], CheckResult]]] = [
+        ("health", lambda: check_health(client)),
+        ("constrained tool call",
+         lambda: check_constrained_tool_call(client, model or _served_model(client), max_tokens)),
+        ("ordinary chat", lambda: check_ordinary_chat(client, model or _served_model(client), max_tokens)),
+    ]
+    results = []
+    for name, check in checks:
+        try:
+            result = check()
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            result = CheckResult(name, False, f"{type(exc).__name__}: {exc}")
+        results.append(result)
+        print(f"{'PASS' if result.passed else 'FAIL'} {result.name}: {result.detail}", file=out, flush=True)
+    return results
 
 
 def _served_model(client: Any) -> str:
