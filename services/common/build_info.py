@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -19,11 +20,16 @@ _SHORT_HASH_CHARS = 12
 
 
 def package_version() -> str:
-    """The installed distribution's version; "0+unknown" when run from a checkout that is not installed."""
+    """The installed distribution's version, else the checkout's pyproject.toml version."""
     try:
         return metadata.version(_PACKAGE_NAME)
     except metadata.PackageNotFoundError:
-        return "0+unknown"
+        pass
+    try:
+        with open(_SERVICES_DIR.parent / "pyproject.toml", "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
 
 
 def source_digest(root: Path = _SERVICES_DIR) -> str:
