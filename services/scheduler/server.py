@@ -45,7 +45,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except SchedulerError as error:
             await context.abort(_STATUS[error.kind], error.message)
         events: asyncio.Queue[RequestEvent] = asyncio.Queue()
-        self._loop.submit(params, events.put_nowait)
+        emit = events.put_nowait  # one object: `cancel` recognises this call's request by it
+        self._loop.submit(params, emit)
         ended = False
         try:
             while not ended:
@@ -57,7 +58,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield event_to_proto(event)
         finally:
             if not ended:  # the caller cancelled: abort and release everything now
-                self._loop.cancel(params.request_id, events.put_nowait)
+                self._loop.cancel(params.request_id, emit)
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:

@@ -93,6 +93,9 @@ class StepLoop:
                     await self._wait_for_command()
                     continue
                 await self._execute(plan)
+        except Exception:
+            log.exception("the step loop crashed; failing every live request")
+            raise
         finally:
             self._release_everything()
 
@@ -177,7 +180,8 @@ class StepLoop:
         except asyncio.CancelledError:
             raise
         except SchedulerError as error:
-            self._commands.put_nowait(lambda: self._on_compile_failed(request, error))
+            failure = error  # `error` is unbound when the except block ends
+            self._commands.put_nowait(lambda: self._on_compile_failed(request, failure))
         else:
             self._commands.put_nowait(lambda: self._on_compiled(request, admitted, compiled))
 

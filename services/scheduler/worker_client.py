@@ -89,21 +89,26 @@ class WorkerConnection:
 
     async def step(self, request: worker_pb2.StepRequest, timeout_s: float) -> StepResult:
         """One round trip on the stream; raises WorkerLost naming this worker."""
-        if self._stream is None:
+        stream = self._stream  # `close_stream` may run meanwhile; this call keeps its stream
+        if stream is None:
             raise WorkerLost(f"worker {self.address}: no open Step stream")
         try:
-            response = await asyncio.wait_for(self._round_trip(request), timeout_s)
+            response = await asyncio.wait_for(self._round_trip(stream, request), timeout_s)
         except asyncio.TimeoutError:
             raise WorkerLost(f"worker {self.address} did not answer step {request.step_id} "
                              f"within {timeout_s:g}s") from None
         except grpc.aio.AioRpcError as error:
             raise WorkerLost(f"worker {self.address}: {error.code().name}: {error.details()}") from None
+        except asyncio.InvalidStateError:  # writing to a stream the worker already ended
+            raise WorkerLost(f"worker {self.address} ended its Step stream: "
+                             f"{(await stream.code()).name}: {await stream.details()}") from None
         self.last_ok = time.monotonic()
         return result_from_proto(response)
 
-    async def _round_trip(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
-        await self._stream.write(request)
-        response = await self._stream.read()
+    async def _round_trip(self, stream: grpc.aio.StreamStreamCall,
+                          request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
+        await stream.write(request)
+        response = await stream.read()
         if response is grpc.aio.EOF:
             raise WorkerLost(f"worker {self.address} closed its Step stream")
         if response.step_id != request.step_id:

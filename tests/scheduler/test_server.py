@@ -1,0 +1,235 @@
+"""The Scheduler gRPC service against in-process fake workers: streaming, concurrency, abort and
+cancellation, worker loss and return, handshake refusals, admission errors, health, reflection."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.build_info import ABI_VERSION
+from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
+from services.scheduler.worker_client import WorkerTimeouts
+from tests.scheduler.fake_worker import EOS_TOKEN_ID, FakeWorkerSpec, start_fake_worker
+from tests.scheduler.grpc_harness import make_request, read_rest, running_stack, wait_for
+from tests.scheduler.policy_helpers import reference_output
+
+
+def tokens_of(messages: list[pb.GenerateResponse]) -> list[int]:
+    return [t for m in messages if m.HasField("tokens") for t in m.tokens.token_ids]
+
+
+def json_constraint(spec: str) -> pb.Constraint:
+    return pb.Constraint(type=pb.CONSTRAINT_TYPE_JSON_SCHEMA, spec=spec)
+
+
+def test_generate_streams_admitted_then_tokens_then_finished():
+    async def scenario():
+        async with running_stack() as stack:
+            messages = await stack.generate("r1", [5, 6, 7, 8, 9], max_tokens=12)
+            assert messages[0].admitted == pb.Admitted(prompt_tokens=5, max_tokens=12)
+            assert tokens_of(messages) == reference_output([5, 6, 7, 8, 9], 12)
+            assert messages[-1].finished == pb.Finished(
+                reason=pb.FINISH_REASON_LENGTH, prompt_tokens=5, completion_tokens=12)
+            assert not stack.workers[0].worker.violations
+    asyncio.run(scenario())
+
+
+def test_sixteen_concurrent_requests_equal_each_alone():
+    prompts = [[(7 * i + j) % 500 + 2 for j in range(3 + 5 * i)] for i in range(16)]
+    lengths = [20 + 3 * i for i in range(16)]
+
+    async def scenario():
+        # A small cache and budget: queueing, chunked prefill and preemption all happen.
+        spec = FakeWorkerSpec(partition_ids=(0, 1), num_blocks=40, num_window_blocks=24)
+        async with running_stack((spec,), max_num_seqs=6, max_num_batched_tokens=48) as stack:
+            alone = [tokens_of(await stack.generate(f"alone-{i}", p, n))
+                     for i, (p, n) in enumerate(zip(prompts, lengths))]
+            together = await asyncio.gather(*(stack.generate(f"together-{i}", p, n)
+                                              for i, (p, n) in enumerate(zip(prompts, lengths))))
+            assert [tokens_of(m) for m in together] == alone
+            assert alone == [reference_output(p, n) for p, n in zip(prompts, lengths)]
+            state = await stack.wait_idle()
+            assert state.preemptions_total > 0
+            assert not stack.workers[0].worker.violations
+    asyncio.run(scenario())
+
+
+def test_abort_and_cancel_release_everything():
+    async def scenario():
+        async with running_stack() as stack:
+            gate = asyncio.Event()
+            stack.grammars[0].compile_gate = gate  # keep the constrained one grammar-pending
+            aborted = stack.stub.Generate(make_request("aborted", [5, 6, 7], 400))
+            cancelled = stack.stub.Generate(make_request("cancelled", [8, 9, 10], 400))
+            pending = stack.stub.Generate(make_request("pending", [5, 6], 10,
+                                                       constraint=json_constraint("[[3]]")))
+            for call in (aborted, cancelled):
+                assert (await call.read()).HasField("admitted")
+                assert (await call.read()).HasField("tokens")
+            state = await stack.state()
+            assert state.num_running == 2 and state.num_grammar_pending == 1
+            reply = await stack.stub.Abort(pb.AbortRequest(request_id="aborted"))
+            assert reply.found
+            cancelled.cancel()
+            pending.cancel()
+            rest = await read_rest(aborted)
+            assert rest[-1].finished.reason == pb.FINISH_REASON_ABORT
+            await stack.wait_idle()
+            await wait_for(stack.state, lambda s: not stack.workers[0].worker.live)
+            assert not (await stack.stub.Abort(pb.AbortRequest(request_id="aborted"))).found
+            gate.set()
+            assert stack.grammars[0].live_matchers == 0
+    asyncio.run(scenario())
+
+
+def test_worker_killed_then_restarted():
+    async def scenario():
+        async with running_stack() as stack:
+            call = stack.stub.Generate(make_request("long", [5, 6, 7], 500))
+            assert (await call.read()).HasField("admitted")
+            assert (await call.read()).HasField("tokens")
+            port = stack.workers[0].port
+            await stack.workers[0].stop()
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await read_rest(call)
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "worker" in failure.value.details()
+            not_ready = await stack.wait_ready(False)
+            assert not_ready.reason and not not_ready.workers[0].connected
+            stack.workers[0] = await start_fake_worker(FakeWorkerSpec(), port=port)
+            await stack.wait_ready(True)
+            messages = await stack.generate("after", [5, 6, 7], 8)
+            assert tokens_of(messages) == reference_output([5, 6, 7], 8)
+            await stack.wait_idle()
+    asyncio.run(scenario())
+
+
+def test_hung_worker_fails_requests_after_the_step_timeout_then_recovers():
+    async def scenario():
+        timeouts = WorkerTimeouts(step_s=0.5, probe_s=0.5)
+        async with running_stack(timeouts=timeouts) as stack:
+            stack.workers[0].worker.hang.set()
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stack.generate("stuck", [5, 6, 7], 5)
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "did not answer step" in failure.value.details()
+            stack.workers[0].worker.hang.clear()
+            await stack.wait_ready()
+            messages = await stack.generate("unstuck", [5, 6, 7], 5)
+            assert tokens_of(messages) == reference_output([5, 6, 7], 5)
+    asyncio.run(scenario())
+
+
+def test_abi_mismatch_is_refused_with_both_versions():
+    async def scenario():
+        spec = FakeWorkerSpec(abi_version=ABI_VERSION + 98)
+        async with running_stack((spec,), wait_ready=False) as stack:
+            ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
+                                   lambda r: "refused" in r.reason)
+            assert not ready.ready
+            assert f"ABI version is {ABI_VERSION + 98}" in ready.reason
+            assert f"ABI version is {ABI_VERSION} " in ready.reason
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stack.generate("r", [5, 6], 3)
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+    asyncio.run(scenario())
+
+
+def test_fingerprint_mismatch_with_the_first_worker_is_refused():
+    async def scenario():
+        specs = (FakeWorkerSpec(partition_ids=(0,)),
+                 FakeWorkerSpec(partition_ids=(1,), fingerprint="sha256:other-model"))
+        async with running_stack(specs, wait_ready=False) as stack:
+            ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
+                                   lambda r: "fingerprint" in r.reason)
+            assert "sha256:other-model" in ready.reason and "sha256:fake-model" in ready.reason
+    asyncio.run(scenario())
+
+
+def test_admission_errors_are_invalid_argument_naming_the_problem():
+    async def scenario():
+        async with running_stack(max_model_len=64) as stack:
+            with pytest.raises(grpc.aio.AioRpcError) as too_long:
+                await stack.generate("long", list(range(2, 66)), 4)
+            assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "64 tokens" in too_long.value.details() and "max_model_len is 64" in too_long.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as empty:
+                await stack.generate("empty", [], 4)
+            assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.aio.AioRpcError) as bad_grammar:
+                await stack.generate("bad", [5, 6], 4, constraint=json_constraint("{not json"))
+            assert bad_grammar.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "does not compile" in bad_grammar.value.details()
+            capped = await stack.generate("capped", list(range(2, 62)), 100)
+            assert capped[0].admitted.max_tokens == 4 and capped[0].admitted.max_tokens_capped
+            assert capped[-1].finished.hit_max_model_len
+            await stack.wait_idle()
+    asyncio.run(scenario())
+
+
+def test_constrained_request_follows_the_grammar_and_releases_its_matcher():
+    async def scenario():
+        async with running_stack() as stack:
+            spec = json.dumps([[3, 4], [20], [21], [30, 31]])
+            messages = await stack.generate("c", [5, 6, 7], 50, constraint=json_constraint(spec))
+            assert messages[0].admitted.constrained
+            streamed = tokens_of(messages)
+            assert streamed[0] in (3, 4) and streamed[1:3] == [20, 21] and streamed[3] in (30, 31)
+            assert messages[-1].finished.reason == pb.FINISH_REASON_STOP
+            assert messages[-1].finished.completion_tokens == 5  # EOS counted, not streamed
+            assert EOS_TOKEN_ID not in streamed
+            await stack.wait_idle()
+    asyncio.run(scenario())
+
+
+def test_without_xgrammar_constrained_requests_are_refused_and_others_work():
+    async def scenario():
+        async with running_stack(grammar_available=False) as stack:
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stack.generate("c", [5, 6], 4, constraint=json_constraint("[[3]]"))
+            assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "XGrammar" in failure.value.details()
+            assert tokens_of(await stack.generate("u", [5, 6], 4)) == reference_output([5, 6], 4)
+            info = await stack.stub.GetModelInfo(pb.GetModelInfoRequest())
+            assert not info.constrained_decoding_available and info.served_model_name == "fake-v4"
+    asyncio.run(scenario())
+
+
+def test_request_state_shows_tokens_and_block_tables():
+    async def scenario():
+        async with running_stack() as stack:
+            call = stack.stub.Generate(make_request("watched", list(range(2, 30)), 300))
+            await call.read()
+            await call.read()
+            state = await stack.stub.GetRequestState(pb.GetRequestStateRequest(request_id="watched"))
+            assert state.summary.phase == pb.REQUEST_PHASE_RUNNING
+            assert list(state.prompt_token_ids) == list(range(2, 30)) and state.max_tokens == 300
+            tables = {t.group: t for t in state.block_tables}
+            assert len(tables["compressed"].block_ids) * 4 >= state.summary.computed_tokens
+            assert tables["window"].released_prefix > 0
+            call.cancel()
+            await stack.wait_idle()
+    asyncio.run(scenario())
+
+
+def test_health_and_reflection_list_the_services():
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def scenario():
+        async with running_stack() as stack:
+            health = health_pb2_grpc.HealthStub(stack.channel)
+            status = await wait_for(
+                lambda: health.Check(health_pb2.HealthCheckRequest(service="dsv4serve.v1.Scheduler")),
+                lambda r: r.status == health_pb2.HealthCheckResponse.SERVING)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            reflection = reflection_pb2_grpc.ServerReflectionStub(stack.channel)
+            call = reflection.ServerReflectionInfo()
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            answer = await call.read()
+            await call.done_writing()
+            names = {s.name for s in answer.list_services_response.service}
+            assert {"dsv4serve.v1.Scheduler", "grpc.health.v1.Health"} <= names
+    asyncio.run(scenario())
