@@ -186,7 +186,8 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(await _json_body(request), gw.limits)
     prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat)
     header = ResponseHeader(new_response_id("chatcmpl"), gw.config.served_model_name)
-    generation = await gw.admit(header.response_id, prompt, chat.params)
+    generation = await _unless_disconnected(request,
+                                            gw.admit(header.response_id, prompt, chat.params))
     if chat.params.stream:
         return _sse_response(_chat_stream(gw, generation, chat, prompt, header))
     body = await _unless_disconnected(request, _chat_body(gw, generation, chat, prompt, header))
@@ -200,7 +201,8 @@ async def completions(request: Request) -> Response:
     if isinstance(token_ids, str):
         token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True)
     header = ResponseHeader(new_response_id("cmpl"), gw.config.served_model_name)
-    generation = await gw.admit(header.response_id, PreparedPrompt(token_ids), completion.params)
+    generation = await _unless_disconnected(
+        request, gw.admit(header.response_id, PreparedPrompt(token_ids), completion.params))
     if completion.params.stream:
         return _sse_response(_text_stream(gw, generation, completion.params, header))
     body = await _unless_disconnected(request, _text_body(gw, generation, completion.params, header))
