@@ -79,6 +79,7 @@ class StreamingParser:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._calls: list[_Call] = []
+        self._invoke_name = ""
         self._param_name = ""
         self._param_is_string = False
         self._param_value: list[str] = []
@@ -261,13 +262,13 @@ class StreamingParser:
     def _on_invoke_name(self, at_end: bool) -> None:
         name = self._read_name()
         if name is not None:
-            self._calls.append(_Call(len(self._calls), "", name))
+            self._invoke_name = name
             self._state = _State.INVOKE_HEADER_END
 
     def _on_invoke_header_end(self, at_end: bool) -> None:
         if self._expect((">\n",)):
-            call = self._calls[-1]
-            call.id = self._new_call_id()
+            call = _Call(len(self._calls), self._new_call_id(), self._invoke_name)
+            self._calls.append(call)
             self._out.append(ToolCallStart(call.index, call.id, call.name))
             self._state = _State.FIRST_PARAMETER
 

@@ -3,6 +3,7 @@ rules that the visible cases do not reach."""
 from __future__ import annotations
 
 import itertools
+import random
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -259,3 +260,26 @@ def test_tool_call_ids_have_the_openai_shape_and_differ() -> None:
     assert len(ids) == 50
     for call_id in ids:
         assert call_id.startswith("call_") and len(call_id) == 29 and call_id[5:].isalnum()
+
+
+MUTATIONS = ["\n", "\n\n", "<", ">", '"', tok.EOS, tok.THINK_END, tok.DSML, "x", "{",
+             f"</{tok.DSML}parameter>", ' string="false">']
+
+
+def test_mutated_completions_stream_exactly_like_the_whole_parse() -> None:
+    """Malformed outputs too: random edits of the cases, streamed in random pieces, must give the
+    same message or the same error as the whole parse, and never leak a tag."""
+    rng = random.Random(20261129)
+    for _ in range(400):
+        case = dict(rng.choice(CASES))
+        text = case["completion_text"]
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(text) + 1)
+            if rng.random() < 0.5:
+                text = text[:at] + rng.choice(MUTATIONS) + text[at:]
+            else:
+                text = text[:at] + text[at + rng.randint(1, 5):]
+        case["completion_text"] = text
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        assert_stream_matches_whole(case, stream(case, pieces))
