@@ -65,8 +65,8 @@ def bench_render_tokenize(tokenizer: Dsv4Tokenizer, turns: int, seconds: float) 
     count, elapsed = repeat_for(seconds, lambda: render_chat_request(body))
     print(f"render      : {count / elapsed:9.1f} prompts/s  ({len(prompt)} chars, {turns} turns)")
     count, elapsed = repeat_for(seconds, lambda: tokenizer.encode(render_chat_request(body).text))
-    print(f"render+encode: {count / elapsed:8.1f} prompts/s  {count * n_tokens / elapsed:12.0f} tokens/s"
-          f"  ({n_tokens} tokens)")
+    print(f"render+encode: {count / elapsed:8.1f} prompts/s  "
+          f"{count * n_tokens / elapsed:12.0f} tokens/s  ({n_tokens} tokens)")
 
 
 def bench_streaming_parser(tokenizer: Dsv4Tokenizer, calls: int, seconds: float) -> None:

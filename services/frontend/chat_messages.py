@@ -18,7 +18,7 @@ ROLES = ("system", "user", "developer", "assistant", "tool", "latest_reminder")
 
 @dataclass(frozen=True)
 class HistoryToolCall:
-    """One call of an earlier assistant turn; `arguments` is the client's JSON object, key order kept."""
+    """A call of an earlier assistant turn; `arguments`: the client's JSON object, key order kept."""
 
     call_id: str
     name: str

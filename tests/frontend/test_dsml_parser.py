@@ -103,7 +103,8 @@ def assert_stream_matches_whole(case: dict[str, Any], result: StreamResult) -> N
 def test_conformance_case_parses_to_expected_message(case: dict[str, Any]) -> None:
     thinking = case["thinking_mode"] == "thinking"
     if "error" in case["expected"]:
-        assert error_code(case["completion_text"], thinking, case["tools"]) == case["expected"]["error"]
+        code = error_code(case["completion_text"], thinking, case["tools"])
+        assert code == case["expected"]["error"]
     else:
         message = parse_completion(case["completion_text"], thinking, case["tools"])
         assert as_expected(message) == case["expected"]
