@@ -2,12 +2,9 @@
 
 Per request: validate → render and tokenize (in a worker thread: a long prompt takes tens to
 hundreds of ms) → `Scheduler.Generate` → wait for `admitted` before sending any header, so admission
-errors are plain JSON → detokenize, cut at stop strings, parse reasoning and DSML tool calls →
-OpenAI JSON or SSE. A client disconnect cancels the gRPC call, which aborts the request.
-
-Policy when the DSML parse fails (model output that is not a well-formed V4 message): nothing from
-the first DSML marker on is returned, no tool call is presented, and `finish_reason` stays what the
-scheduler reported (`length` or `stop`); `tool_calls` is reported only for calls completed before EOS.
+errors are plain JSON → `responses.AdmittedGeneration` writes the body or the SSE stream.
+A client disconnect (while waiting for admission, for a whole body, or mid-stream) cancels the gRPC
+call, which aborts the request in the scheduler.
 """
 from __future__ import annotations
 
@@ -30,21 +27,17 @@ from starlette.routing import Route
 from services.common.config import FrontendConfig
 from services.frontend.chat_format import render_chat_request
 from services.frontend.constraints import build_constraint
-from services.frontend.dsml_parser import DsmlParseError, StreamingParser, parse_completion
 from services.frontend.dsv4_tokens import BOS
 from services.frontend.errors import RequestError
 from services.frontend.metrics import FrontendMetrics, RequestTimer
-from services.frontend.openai_request import (ChatRequest, GenerationParams, RequestLimits,
-                                              UnknownModelError, decode_json_object,
-                                              parse_chat_request, parse_completion_request,
-                                              parse_detokenize_request, parse_tokenize_request)
-from services.frontend.responses import (SSE_DONE, ChatChunks, ResponseHeader, TextChunks,
-                                         chat_completion_body, chat_delta_payload, chat_message,
-                                         error_body, new_response_id, sse_event,
-                                         text_completion_body, tool_call_body, usage_body)
-from services.frontend.scheduler_client import (Admission, Finish, FinishReason, GenerationSpec,
-                                                GenerationStream, ModelInfo, SchedulerClient,
-                                                SchedulerError, TokenBatch)
+from services.frontend.openai_request import (GenerationParams, RequestLimits, UnknownModelError,
+                                              decode_json_object, parse_chat_request,
+                                              parse_completion_request, parse_detokenize_request,
+                                              parse_tokenize_request)
+from services.frontend.responses import (AdmittedGeneration, ResponseHeader, error_body,
+                                         new_response_id)
+from services.frontend.scheduler_client import (GenerationSpec, ModelInfo, SchedulerClient,
+                                                SchedulerError)
 from services.frontend.stop_strings import StoppingDecoder
 from services.frontend.tokenizer import Dsv4Tokenizer
 
@@ -60,43 +53,6 @@ class PreparedPrompt:
     token_ids: list[int]
     thinking: bool = False
     constraint: Optional[Any] = None  # constraints.Constraint
-
-
-@dataclass
-class Generation:
-    """An admitted request."""
-
-    stream: GenerationStream
-    admission: Admission
-    timer: RequestTimer
-    received_tokens: int = 0
-
-
-_PUBLIC_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length",
-                   FinishReason.ABORT: "abort", None: "abort"}
-
-
-@dataclass
-class Outcome:
-    """How a generation ended, as far as the client is concerned."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    scheduler_reason: Optional[FinishReason] = None  # None: cancelled before `finished`
-    stop_string_matched: bool = False
-    tool_calls_completed: bool = False
-
-    @property
-    def stopped_on_eos(self) -> bool:
-        return self.scheduler_reason is FinishReason.STOP and not self.stop_string_matched
-
-    @property
-    def finish_reason(self) -> str:
-        if self.stop_string_matched:
-            return "stop"
-        if self.tool_calls_completed and self.stopped_on_eos:
-            return "tool_calls"
-        return _PUBLIC_REASONS[self.scheduler_reason]
 
 
 class ClientDisconnected(Exception):
@@ -139,10 +95,10 @@ class Gateway:
             self._model_info = await self.scheduler.get_model_info()
         return self._model_info
 
-    def prepare_chat(self, chat: ChatRequest) -> PreparedPrompt:
+    def prepare_chat(self, body: dict[str, Any]) -> PreparedPrompt:
         """Render + constraint + tokenize. CPU-bound: run it in a worker thread."""
-        rendered = render_chat_request(chat.body)
-        constraint = build_constraint(chat.body, rendered.thinking)
+        rendered = render_chat_request(body)
+        constraint = build_constraint(body, rendered.thinking)
         return PreparedPrompt(self.tokenizer.encode(rendered.text), rendered.thinking, constraint)
 
     def encode_text_prompt(self, text: str, add_bos: bool) -> list[int]:
@@ -152,12 +108,11 @@ class Gateway:
             ids = [self.tokenizer.bos_token_id, *ids]
         return ids
 
-    async def admit(self, request_id: str, prompt: PreparedPrompt,
-                    params: GenerationParams) -> Generation:
+    async def admit(self, header: ResponseHeader, prompt: PreparedPrompt, params: GenerationParams,
+                    timer: RequestTimer) -> AdmittedGeneration:
         """Starts `Generate` and waits for admission; `SchedulerError` when refused."""
-        timer = self.metrics.timer()
         max_tokens = params.max_tokens or self.config.generate_defaults.max_new_tokens
-        spec = GenerationSpec(request_id, prompt.token_ids, max_tokens, params.logit_bias,
+        spec = GenerationSpec(header.response_id, prompt.token_ids, max_tokens, params.logit_bias,
                               params.ignore_eos, prompt.constraint)
         stream = self.scheduler.generate(spec)
         try:
@@ -165,10 +120,9 @@ class Gateway:
         except BaseException:
             stream.cancel()
             raise
-        return Generation(stream, admission, timer)
-
-    def decoder(self, params: GenerationParams) -> StoppingDecoder:
-        return StoppingDecoder(self.tokenizer.detokenizer(), self.tokenizer.eos_token_id, params.stop)
+        decoder = StoppingDecoder(self.tokenizer.detokenizer(), self.tokenizer.eos_token_id,
+                                  params.stop)
+        return AdmittedGeneration(stream, admission, header, decoder, self.metrics, timer)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -179,34 +133,34 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return decode_json_object(await request.body())
 
 
-# ---- routes ---------------------------------------------------------------------------------------
-
 async def chat_completions(request: Request) -> Response:
     gw = _gateway(request)
+    timer = gw.metrics.timer()
     chat = parse_chat_request(await _json_body(request), gw.limits)
-    prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat)
+    prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat.body)
     header = ResponseHeader(new_response_id("chatcmpl"), gw.config.served_model_name)
-    generation = await _unless_disconnected(request,
-                                            gw.admit(header.response_id, prompt, chat.params))
+    generation = await _unless_disconnected(request, gw.admit(header, prompt, chat.params, timer))
     if chat.params.stream:
-        return _sse_response(_chat_stream(gw, generation, chat, prompt, header))
-    body = await _unless_disconnected(request, _chat_body(gw, generation, chat, prompt, header))
+        return _sse_response(generation.chat_events(prompt.thinking, chat.tools,
+                                                    chat.params.include_usage))
+    body = await _unless_disconnected(request, generation.chat_body(prompt.thinking, chat.tools))
     return JSONResponse(body)
 
 
 async def completions(request: Request) -> Response:
     gw = _gateway(request)
+    timer = gw.metrics.timer()
     completion = parse_completion_request(await _json_body(request), gw.limits)
+    params = completion.params
     token_ids = completion.prompt
     if isinstance(token_ids, str):
         token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True)
     header = ResponseHeader(new_response_id("cmpl"), gw.config.served_model_name)
     generation = await _unless_disconnected(
-        request, gw.admit(header.response_id, PreparedPrompt(token_ids), completion.params))
-    if completion.params.stream:
-        return _sse_response(_text_stream(gw, generation, completion.params, header))
-    body = await _unless_disconnected(request, _text_body(gw, generation, completion.params, header))
-    return JSONResponse(body)
+        request, gw.admit(header, PreparedPrompt(token_ids), params, timer))
+    if params.stream:
+        return _sse_response(generation.text_events(params.include_usage))
+    return JSONResponse(await _unless_disconnected(request, generation.text_body()))
 
 
 async def models(request: Request) -> Response:
@@ -234,8 +188,7 @@ async def tokenize(request: Request) -> Response:
     gw = _gateway(request)
     parsed = parse_tokenize_request(await _json_body(request), gw.limits)
     if parsed.chat_body is not None:
-        chat = ChatRequest(parsed.chat_body, parsed.chat_body.get("tools") or [], _NO_GENERATION)
-        tokens = (await anyio.to_thread.run_sync(gw.prepare_chat, chat)).token_ids
+        tokens = (await anyio.to_thread.run_sync(gw.prepare_chat, parsed.chat_body)).token_ids
     else:
         tokens = await anyio.to_thread.run_sync(gw.encode_text_prompt, parsed.prompt,
                                                 parsed.add_special_tokens)
@@ -258,143 +211,6 @@ async def metrics(request: Request) -> Response:
         snapshot = None
     return PlainTextResponse(gw.metrics.render(snapshot),
                              media_type="text/plain; version=0.0.4; charset=utf-8")
-
-
-_NO_GENERATION = GenerationParams(stream=False, include_usage=False, max_tokens=None, stop=(),
-                                  logit_bias=(), ignore_eos=False)
-
-
-# ---- chat output ----------------------------------------------------------------------------------
-
-async def _chat_body(gw: Gateway, generation: Generation, chat: ChatRequest, prompt: PreparedPrompt,
-                     header: ResponseHeader) -> dict[str, Any]:
-    decoder = gw.decoder(chat.params)
-    pieces: list[str] = []
-    async with _tracked(gw, generation) as outcome:
-        async for scan in _decoded(generation, decoder, outcome):
-            pieces.append(scan)
-        content, reasoning, calls = _parse_chat_text("".join(pieces), outcome.stopped_on_eos,
-                                                     prompt.thinking, chat.tools)
-        outcome.tool_calls_completed = bool(calls)
-    message = chat_message(content, reasoning, calls)
-    return chat_completion_body(header, message, outcome.finish_reason,
-                                usage_body(outcome.prompt_tokens, outcome.completion_tokens))
-
-
-def _parse_chat_text(text: str, stopped_on_eos: bool, thinking: bool,
-                     tools: list[dict[str, Any]]) -> tuple[str, str, list[dict[str, Any]]]:
-    """(content, reasoning, completed tool calls). On a parse error: the part parsed before it."""
-    try:
-        parsed = parse_completion(text, thinking, tools, stopped_on_eos=stopped_on_eos)
-    except DsmlParseError as error:
-        _log_parse_error(error)
-        safe = error.partial
-        return (safe.content, safe.reasoning_content, []) if safe else ("", "", [])
-    calls = [tool_call_body(call.id, call.name, call.arguments_json) for call in parsed.tool_calls]
-    return parsed.content, parsed.reasoning_content, calls
-
-
-async def _chat_stream(gw: Gateway, generation: Generation, chat: ChatRequest,
-                       prompt: PreparedPrompt, header: ResponseHeader) -> AsyncIterator[bytes]:
-    chunks = ChatChunks(header, chat.params.include_usage)
-    decoder = gw.decoder(chat.params)
-    parser = StreamingParser(prompt.thinking, chat.tools)
-    yield sse_event(chunks.delta({"role": "assistant", "content": ""}))
-    try:
-        async with _tracked(gw, generation) as outcome:
-            async for text in _decoded(generation, decoder, outcome):
-                for delta in parser.feed(text):
-                    yield sse_event(chunks.delta(chat_delta_payload(delta)))
-            for delta in parser.finish(outcome.stopped_on_eos):
-                yield sse_event(chunks.delta(chat_delta_payload(delta)))
-            outcome.tool_calls_completed = bool(parser.outcome.tool_calls)
-            _log_parse_error(parser.outcome.error)
-        yield sse_event(chunks.delta({}, outcome.finish_reason))
-        if chat.params.include_usage:
-            yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
-    except SchedulerError as error:
-        yield sse_event(_stream_error(error))
-    yield SSE_DONE
-
-
-def _log_parse_error(error: Optional[DsmlParseError]) -> None:
-    if error is not None:
-        log.info("model output is not a well-formed V4 message (%s); withheld the rest", error)
-
-
-# ---- text completion output -----------------------------------------------------------------------
-
-async def _text_body(gw: Gateway, generation: Generation, params: GenerationParams,
-                     header: ResponseHeader) -> dict[str, Any]:
-    decoder = gw.decoder(params)
-    async with _tracked(gw, generation) as outcome:
-        text = "".join([piece async for piece in _decoded(generation, decoder, outcome)])
-    return text_completion_body(header, text, outcome.finish_reason,
-                                usage_body(outcome.prompt_tokens, outcome.completion_tokens))
-
-
-async def _text_stream(gw: Gateway, generation: Generation, params: GenerationParams,
-                       header: ResponseHeader) -> AsyncIterator[bytes]:
-    chunks = TextChunks(header, params.include_usage)
-    decoder = gw.decoder(params)
-    try:
-        async with _tracked(gw, generation) as outcome:
-            async for text in _decoded(generation, decoder, outcome):
-                yield sse_event(chunks.text(text))
-        yield sse_event(chunks.text("", outcome.finish_reason))
-        if params.include_usage:
-            yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
-    except SchedulerError as error:
-        yield sse_event(_stream_error(error))
-    yield SSE_DONE
-
-
-# ---- shared generation plumbing -------------------------------------------------------------------
-
-async def _decoded(generation: Generation, decoder: StoppingDecoder,
-                   outcome: Outcome) -> AsyncIterator[str]:
-    """Client-visible text pieces; fills `outcome`.
-
-    A stop-string match cancels the call (the scheduler aborts the request) and ends with "stop".
-    """
-    async for event in generation.stream.events():
-        if isinstance(event, TokenBatch):
-            generation.timer.on_tokens()
-            generation.received_tokens += len(event.token_ids)
-            scan = decoder.feed(event.token_ids)
-            if scan.text:
-                yield scan.text
-            if scan.matched:
-                generation.stream.cancel()
-                outcome.stop_string_matched = True
-                outcome.completion_tokens = generation.received_tokens
-                return
-        elif isinstance(event, Finish):
-            outcome.scheduler_reason = event.reason
-            outcome.prompt_tokens = event.prompt_tokens or outcome.prompt_tokens
-            outcome.completion_tokens = event.completion_tokens
-    scan = decoder.finish()
-    outcome.stop_string_matched = scan.matched
-    if scan.text:
-        yield scan.text
-
-
-@contextlib.asynccontextmanager
-async def _tracked(gw: Gateway, generation: Generation) -> AsyncIterator[Outcome]:
-    """Metrics around one generation; always cancels the call on the way out (a no-op when done)."""
-    outcome = Outcome(generation.admission.prompt_tokens)
-    gw.metrics.requests_in_flight += 1
-    try:
-        yield outcome
-    finally:
-        gw.metrics.requests_in_flight -= 1
-        generation.stream.cancel()
-    generation.timer.on_finished(outcome.prompt_tokens, outcome.completion_tokens,
-                                 outcome.finish_reason)
-
-
-def _stream_error(error: SchedulerError) -> dict[str, Any]:
-    return error_body(f"generation failed: {error.message}", "server_error", None, error.code.name)
 
 
 def _sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
@@ -422,8 +238,6 @@ async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
-
-# ---- errors ---------------------------------------------------------------------------------------
 
 def _error_response(status: int, message: str, error_type: str, param: Optional[str] = None,
                     code: Optional[str] = None) -> JSONResponse:
@@ -456,8 +270,6 @@ async def _on_bug(request: Request, error: Exception) -> Response:
     log.exception("internal error serving %s", request.url.path)
     return _error_response(500, f"internal server error: {type(error).__name__}", "server_error")
 
-
-# ---- factory and server ---------------------------------------------------------------------------
 
 def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClient] = None,
                tokenizer: Optional[Dsv4Tokenizer] = None) -> Starlette:

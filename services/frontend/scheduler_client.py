@@ -117,20 +117,28 @@ _HTTP_STATUS_BY_CODE = {
 
 
 class SchedulerError(Exception):
-    """A failed scheduler call. `http_status`: 400 client mistake, 503 not reachable, 500 otherwise."""
+    """A failed scheduler call.
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    `http_status`: before admission 400 for a refused request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED),
+    503 when the scheduler is unreachable, 500 otherwise. After admission nothing is the client's
+    fault: a lost worker or a request stalled under cache pressure is 503, anything else 500.
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, after_admission: bool = False) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.after_admission = after_admission
 
     @property
     def http_status(self) -> int:
-        return _HTTP_STATUS_BY_CODE.get(self.code, 500)
+        status = _HTTP_STATUS_BY_CODE.get(self.code, 500)
+        return 503 if self.after_admission and status == 400 else status
 
     @classmethod
-    def from_rpc_error(cls, error: grpc.aio.AioRpcError) -> "SchedulerError":
-        return cls(error.code(), error.details() or "")
+    def from_rpc_error(cls, error: grpc.aio.AioRpcError,
+                       after_admission: bool = False) -> "SchedulerError":
+        return cls(error.code(), error.details() or "", after_admission)
 
 
 def _generate_request_to_proto(spec: GenerationSpec) -> scheduler_pb2.GenerateRequest:
@@ -176,7 +184,7 @@ class GenerationStream:
 
     async def admitted(self) -> Admission:
         """Waits for the scheduler's verdict; raises `SchedulerError` when it refuses the request."""
-        message = await self._read()
+        message = await self._read(after_admission=False)
         if message is None or message.WhichOneof("event") != "admitted":
             raise SchedulerError(grpc.StatusCode.INTERNAL, "scheduler did not start with `admitted`")
         a = message.admitted
@@ -185,9 +193,10 @@ class GenerationStream:
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """Token batches then one `Finish`; raises `SchedulerError` when the stream fails."""
         while True:
-            message = await self._read()
+            message = await self._read(after_admission=True)
             if message is None:
-                raise SchedulerError(grpc.StatusCode.INTERNAL, "scheduler ended the stream early")
+                raise SchedulerError(grpc.StatusCode.INTERNAL, "scheduler ended the stream early",
+                                     after_admission=True)
             event = _event_from_proto(message)
             yield event
             if isinstance(event, Finish):
@@ -197,11 +206,11 @@ class GenerationStream:
         """Cancels the call; the scheduler aborts the request. Safe after completion."""
         self._call.cancel()
 
-    async def _read(self) -> Optional[scheduler_pb2.GenerateResponse]:
+    async def _read(self, after_admission: bool) -> Optional[scheduler_pb2.GenerateResponse]:
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as error:
-            raise SchedulerError.from_rpc_error(error) from None
+            raise SchedulerError.from_rpc_error(error, after_admission) from None
         return None if message is grpc.aio.EOF else message
 
 

@@ -183,3 +183,9 @@ def test_unreachable_scheduler_makes_health_and_requests_503(tmp_path, harness):
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["reason"]
         assert_openai_error(client.post("/v1/chat/completions", json=chat()), 503)
+
+
+def test_stall_after_admission_without_streaming_is_a_503_not_a_client_error(http, fake):
+    fake.enqueue(Script(text="x", error_after_tokens=(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                      "stalled under cache pressure")))
+    assert_openai_error(http.post("/v1/chat/completions", json=chat()), 503)
