@@ -101,6 +101,10 @@ class Gateway:
         constraint = build_constraint(body, rendered.thinking)
         return PreparedPrompt(self.tokenizer.encode(rendered.text), rendered.thinking, constraint)
 
+    def encode_chat_prompt(self, body: dict[str, Any]) -> list[int]:
+        """The prompt ids alone (for /tokenize: no constraint is built). Run it in a thread."""
+        return self.tokenizer.encode(render_chat_request(body).text)
+
     def encode_text_prompt(self, text: str, add_bos: bool) -> list[int]:
         """A raw prompt; BOS is prepended unless the text already starts with it."""
         ids = self.tokenizer.encode(text)
@@ -188,7 +192,7 @@ async def tokenize(request: Request) -> Response:
     gw = _gateway(request)
     parsed = parse_tokenize_request(await _json_body(request), gw.limits)
     if parsed.chat_body is not None:
-        tokens = (await anyio.to_thread.run_sync(gw.prepare_chat, parsed.chat_body)).token_ids
+        tokens = await anyio.to_thread.run_sync(gw.encode_chat_prompt, parsed.chat_body)
     else:
         tokens = await anyio.to_thread.run_sync(gw.encode_text_prompt, parsed.prompt,
                                                 parsed.add_special_tokens)

@@ -226,6 +226,17 @@ def test_tokenize_prompt_and_chat_and_detokenize(http, harness):
     assert text["prompt"].endswith("What is the weather in Paris?<｜Assistant｜><think>")
 
 
+def test_tokenize_matches_every_chat_encoding_case(http):
+    cases_file = Path(__file__).resolve().parents[1] / "data" / "chat_encoding_cases.jsonl"
+    cases = [json.loads(line) for line in cases_file.read_text().splitlines() if line.strip()]
+    assert cases
+    for case in cases:
+        body = {**case["request"], "model": SERVED_MODEL, "add_generation_prompt": True}
+        response = http.post("/tokenize", json=body)
+        assert response.status_code == 200, (case["id"], response.text)
+        assert response.json()["tokens"] == case["expected_token_ids"], case["id"]
+
+
 def test_stop_string_cuts_the_text_and_cancels_generation(client, fake):
     fake.enqueue(Script(text="alpha beta gamma delta", hold_after_tokens=True))
     response = client.chat.completions.create(model=SERVED_MODEL, messages=USER_TURN, stop=["gam"])
