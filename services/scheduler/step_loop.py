@@ -49,6 +49,9 @@ class StepLoop:
         self._counters = SchedulerCounters()
         self._scheduler: Optional[Scheduler] = None
         self._description: Optional[WorkerDescription] = None
+        # Built in a thread once the first handshake told vocab and EOS (loading the tokenizer
+        # and XGrammar's tables takes seconds); `grammar` is set when it is done.
+        self._grammar_build: Optional[asyncio.Task] = None
         self.grammar: Optional[GrammarBackend] = None
         self.not_ready_reason = "no worker has completed its handshake yet"
 
@@ -175,21 +178,22 @@ class StepLoop:
         return forward
 
     async def _compile(self, request: Request, admitted: AdmittedEvent) -> None:
+        grammar = await asyncio.shield(self._grammar_build)
         try:
-            compiled = await compile_constraint(self.grammar, request.constraint)
-        except asyncio.CancelledError:
-            raise
+            compiled = await compile_constraint(grammar, request.constraint)
         except SchedulerError as error:
             failure = error  # `error` is unbound when the except block ends
             self._commands.put_nowait(lambda: self._on_compile_failed(request, failure))
         else:
-            self._commands.put_nowait(lambda: self._on_compiled(request, admitted, compiled))
+            self._commands.put_nowait(
+                lambda: self._on_compiled(request, admitted, grammar, compiled))
 
-    def _on_compiled(self, request: Request, admitted: AdmittedEvent, compiled: Any) -> None:
+    def _on_compiled(self, request: Request, admitted: AdmittedEvent, grammar: GrammarBackend,
+                     compiled: Any) -> None:
         self._compiles.pop(request.request_id, None)
         if request.phase is not RequestPhase.GRAMMAR_PENDING or self._scheduler is None:
             return
-        request.matcher = self.grammar.matcher(compiled)
+        request.matcher = grammar.matcher(compiled)
         request.grammar_status = "ready"
         request.emit(admitted)
         self._scheduler.add(request)
@@ -216,8 +220,9 @@ class StepLoop:
 
     def _on_workers_ready(self, description: WorkerDescription) -> None:
         self._description = description
-        if self.grammar is None:
-            self.grammar = self._grammar_factory(description)
+        if self._grammar_build is None:
+            self._grammar_build = asyncio.get_running_loop().create_task(
+                self._build_grammar(description), name="grammar service build")
         kv = KvCacheManager(description.block_size,
                             {pid: description.block_groups for pid in description.partition_ids})
         limits = SchedulingLimits(
@@ -228,6 +233,11 @@ class StepLoop:
             stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id)
         self._scheduler = Scheduler(limits, kv, self._counters)
         self.not_ready_reason = ""
+
+    async def _build_grammar(self, description: WorkerDescription) -> GrammarBackend:
+        grammar = await asyncio.to_thread(self._grammar_factory, description)
+        self._commands.put_nowait(lambda: setattr(self, "grammar", grammar))
+        return grammar
 
     def _on_workers_lost(self, reason: str) -> None:
         """Fail every live request (their worker state is gone) and wait for a new handshake."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.build_info import ABI_VERSION, build_id
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
@@ -32,6 +33,10 @@ _CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+class WorkerUnreachable(Exception):
+    """Describe or the health check failed, or the worker is not SERVING yet."""
 
 
 class HandshakeRefused(Exception):
@@ -69,12 +74,23 @@ class WorkerConnection:
         self.last_ok: Optional[float] = None
         self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._stream: Optional[grpc.aio.StreamStreamCall] = None
 
     async def describe(self, timeout_s: float) -> WorkerDescription:
+        """Describe, then a grpc.health.v1 check: a worker counts only once it reports SERVING
+        (its ranks loaded the model). Raises WorkerUnreachable naming the worker."""
         request = worker_pb2.DescribeRequest(scheduler_abi_version=ABI_VERSION,
                                              scheduler_build=build_id())
-        response = await self._stub.Describe(request, timeout=timeout_s)
+        try:
+            response = await self._stub.Describe(request, timeout=timeout_s)
+            health = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise WorkerUnreachable(f"worker {self.address}: {error.code().name}: "
+                                    f"{error.details()}") from None
+        if health.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
+            raise WorkerUnreachable(f"worker {self.address} is not serving yet (health {status})")
         self.last_ok = time.monotonic()
         return description_from_proto(response)
 
@@ -188,9 +204,9 @@ class WorkerSet:
         try:
             description = await connection.describe(self._timeouts.probe_s)
             self._validate(connection.address, description)
-        except grpc.aio.AioRpcError as error:
+        except WorkerUnreachable as error:
             connection.description = None
-            connection.error = f"unreachable: {error.code().name}: {error.details()}"
+            connection.error = str(error)
             return False
         except HandshakeRefused as refused:
             if connection.error != str(refused):
@@ -224,9 +240,8 @@ class WorkerSet:
         outcomes = await asyncio.gather(
             *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
         for connection, outcome in zip(self._connections, outcomes):
-            if isinstance(outcome, grpc.aio.AioRpcError):
-                self._lose(connection, f"worker {connection.address} failed a probe: "
-                                       f"{outcome.code().name}: {outcome.details()}")
+            if isinstance(outcome, WorkerUnreachable):
+                self._lose(connection, f"probe failed: {outcome}")
                 return
 
     def _lose(self, connection: WorkerConnection, reason: str) -> None:
@@ -261,9 +276,7 @@ class WorkerSet:
         """A fresh Describe round trip to every worker (short timeout)."""
         outcomes = await asyncio.gather(
             *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
-        failures = [f"worker {c.address}: {o.code().name}: {o.details()}"
-                    for c, o in zip(self._connections, outcomes)
-                    if isinstance(o, grpc.aio.AioRpcError)]
+        failures = [str(o) for o in outcomes if isinstance(o, WorkerUnreachable)]
         if failures:
             reason = "; ".join(failures)
         elif not self.ready:

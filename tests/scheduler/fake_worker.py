@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from services.common.build_info import ABI_VERSION
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
@@ -39,6 +41,7 @@ class FakeWorkerSpec:
     max_num_batched_tokens: int = 8192
     abi_version: int = ABI_VERSION
     fingerprint: str = FINGERPRINT
+    serving: bool = True  # its grpc.health.v1 status
     # When set, the fake model answers EOS right after this token.
     eos_after_token: Optional[int] = None
 
@@ -179,6 +182,10 @@ async def start_fake_worker(spec: FakeWorkerSpec, port: int = 0) -> RunningFakeW
     server = grpc.aio.server()
     worker = FakeWorker(spec)
     worker_pb2_grpc.add_WorkerServicer_to_server(worker, server)
+    health = health_aio.HealthServicer()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING if spec.serving
+                     else health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return RunningFakeWorker(server, bound, worker)

@@ -138,6 +138,15 @@ def test_abi_mismatch_is_refused_with_both_versions():
     asyncio.run(scenario())
 
 
+def test_worker_that_is_not_serving_yet_keeps_the_scheduler_not_ready():
+    async def scenario():
+        async with running_stack((FakeWorkerSpec(serving=False),), wait_ready=False) as stack:
+            ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
+                                   lambda r: "not serving yet" in r.reason)
+            assert not ready.ready and not ready.workers[0].connected
+    asyncio.run(scenario())
+
+
 def test_fingerprint_mismatch_with_the_first_worker_is_refused():
     async def scenario():
         specs = (FakeWorkerSpec(partition_ids=(0,)),
