@@ -223,7 +223,7 @@ class AdmittedGeneration:
             yield sse_event(chunks.delta({}, outcome.finish_reason))
             if include_usage:
                 yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
-        except SchedulerError as error:
+        except Exception as error:  # headers are out: the stream must still end with an error event
             yield sse_event(stream_error_body(error))
         yield SSE_DONE
 
@@ -242,7 +242,7 @@ class AdmittedGeneration:
             yield sse_event(chunks.text("", outcome.finish_reason))
             if include_usage:
                 yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
-        except SchedulerError as error:
+        except Exception as error:  # headers are out: the stream must still end with an error event
             yield sse_event(stream_error_body(error))
         yield SSE_DONE
 
@@ -283,9 +283,13 @@ class AdmittedGeneration:
                                 outcome.finish_reason)
 
 
-def stream_error_body(error: SchedulerError) -> dict[str, Any]:
+def stream_error_body(error: Exception) -> dict[str, Any]:
     """The SSE error event that ends a stream which failed after its headers were sent."""
-    return error_body(f"generation failed: {error.message}", "server_error", None, error.code.name)
+    if isinstance(error, SchedulerError):
+        return error_body(f"generation failed: {error.message}", "server_error", None,
+                          error.code.name)
+    log.exception("internal error while streaming a response")
+    return error_body(f"internal server error: {type(error).__name__}", "server_error", None, None)
 
 
 def _parse_chat_text(text: str, stopped_on_eos: bool, thinking: bool,

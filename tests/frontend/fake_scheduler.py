@@ -38,6 +38,8 @@ class Script:
     """One scripted generation."""
 
     text: str = "Hello there."
+    # Raw output ids to send instead of the tokenized text (e.g. ids the tokenizer does not know).
+    token_ids: Optional[list[int]] = None
     finish: int = pb.FINISH_REASON_STOP
     tokens_per_delta: int = 1
     # Refuse the request instead of admitting it.
@@ -162,7 +164,8 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _planned_tokens(self, script: Script, request: pb.GenerateRequest) -> tuple[list[int], int]:
         """The script's ids (+ EOS when it stops on EOS), cut at max_tokens like the scheduler."""
-        ids = self._fake.tokenizer.encode(script.text)
+        ids = list(script.token_ids) if script.token_ids is not None \
+            else self._fake.tokenizer.encode(script.text)
         reason = script.finish
         if reason == pb.FINISH_REASON_STOP:
             ids.append(self._fake.tokenizer.eos_token_id)

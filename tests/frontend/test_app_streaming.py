@@ -117,3 +117,11 @@ def test_disconnect_while_waiting_for_a_non_stream_answer_cancels_the_call(harne
         assert fake.wait_until(lambda: len(fake.requests) == 1)
     request_id = fake.requests[0].request_id
     assert fake.wait_until(lambda: request_id in fake.cancelled)
+
+
+def test_an_internal_failure_mid_stream_still_ends_with_an_error_event(http, fake):
+    fake.enqueue(Script(token_ids=[100, 10**7], hold_after_tokens=True))
+    body = {"model": SERVED_MODEL, "messages": USER_TURN, "stream": True}
+    payloads = sse_payloads(http.post("/v1/chat/completions", json=body))
+    assert payloads[-1]["error"]["type"] == "server_error"
+    assert fake.wait_until(lambda: payloads[0]["id"] in fake.cancelled)
