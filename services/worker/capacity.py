@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from services.common.config import WorkerConfig
+from services.worker.model.checkpoint import checkpoint_fingerprint
+from services.worker.model.config import ModelConfig
+from services.worker.model.kv_cache import rows_per_block
+from services.worker.model.runtime import BlockCost, ModelRuntime
 
 WINDOW_GROUP = "window"
 COMPRESSED_GROUP = "compressed"
+# Which group holds each block-backed family's rows.
+_FAMILY_GROUPS = {"ori": WINDOW_GROUP, "cmp_c4": COMPRESSED_GROUP, "cmp_c128": COMPRESSED_GROUP,
+                  "idx": COMPRESSED_GROUP}
 
 
 @dataclass(frozen=True)
@@ -70,3 +80,33 @@ def blocks_per_group(config: WorkerConfig, bytes_per_block_all_groups: int) -> i
 def model_fingerprint(config_fingerprint: str, checkpoint_fingerprint: str) -> str:
     """sha256 over the canonical config and the checkpoint's tensor index."""
     return hashlib.sha256(f"{config_fingerprint}\n{checkpoint_fingerprint}".encode()).hexdigest()
+
+
+def describe_model(config: WorkerConfig) -> ModelFacts:
+    """Reads config.json and fingerprints the checkpoint (no weights loaded)."""
+    model = ModelConfig.from_json_file(Path(config.model_dir) / "config.json")
+    dtype_name = compute_dtype_name(config)
+    cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
+    num_blocks = blocks_per_group(config, cost.window_block_bytes + cost.compressed_block_bytes)
+    groups = (BlockGroupInfo(WINDOW_GROUP, num_blocks, cost.window_block_bytes, model.sliding_window),
+              BlockGroupInfo(COMPRESSED_GROUP, num_blocks, cost.compressed_block_bytes, 0))
+    return ModelFacts(
+        vocab_size=model.vocab_size, eos_token_id=model.eos_token_id,
+        model_fingerprint=model_fingerprint(model.fingerprint(),
+                                            checkpoint_fingerprint(config.model_dir)),
+        compute_dtype=dtype_name, block_groups=groups,
+        cache_families=cache_families(model, config.block_size, cost))
+
+
+def cache_families(model: ModelConfig, block_size: int, cost: BlockCost) -> tuple[CacheFamilyInfo, ...]:
+    """Block-backed families (rows per block summed over the main layers), then per-sequence states."""
+    ratios = [model.layer_ratio(i) for i in range(model.num_hidden_layers)]
+    layers_and_ratio = {"ori": (len(ratios), 1), "cmp_c4": (ratios.count(4), 4),
+                        "cmp_c128": (ratios.count(128), 128), "idx": (ratios.count(4), 4)}
+    families = [CacheFamilyInfo(name, _FAMILY_GROUPS[name],
+                                layers * rows_per_block(block_size, ratio),
+                                cost.family_block_bytes[name], 0)
+                for name, (layers, ratio) in layers_and_ratio.items()]
+    families += [CacheFamilyInfo(name, "", 0, 0, state_bytes)
+                 for name, state_bytes in cost.sequence_state_bytes.items()]
+    return tuple(families)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Union
+from typing import Iterator, Optional, Protocol, Union
 
 import numpy as np
 import torch
 
-from services.worker.model.runtime import SequenceChunk
+from services.worker.model.runtime import SequenceChunk, StepOutput
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class PartitionLimits:
 class StepRuntime(Protocol):
     """The part of `ModelRuntime` the executor calls."""
 
-    def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> Any: ...
+    def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput: ...
 
     def free_sequence(self, seq_id: int) -> None: ...
 
@@ -170,9 +170,9 @@ class PartitionExecutor:
             self._prepare_or_error(row, rejected) for row in plan.rows]
         chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
         started = time.perf_counter_ns()
-        sampled = self._runtime.step(chunks).sampled if chunks else []
+        outcomes = self._run(chunks)
         forward_ns = time.perf_counter_ns() - started
-        results = self._row_results(plan.rows, prepared, iter(sampled))
+        results = self._row_results(plan.rows, prepared, iter(outcomes))
         return StepResult(plan.step_id, tuple(results), forward_ns)
 
     def reset(self) -> None:
@@ -191,6 +191,14 @@ class PartitionExecutor:
                               block_table=[0], window_block_table=[0], sample=True)
         self._runtime.step([chunk])
         self._runtime.free_sequence(warm_up_seq_id)
+
+    def _run(self, chunks: list[SequenceChunk]) -> list[tuple[Optional[int], Optional[str]]]:
+        """(sampled token, sampling error) per chunk."""
+        if not chunks:
+            return []
+        output = self._runtime.step(chunks)
+        errors = output.errors or [None] * len(chunks)
+        return list(zip(output.sampled, errors))
 
     def _drop(self, seq_id: int) -> None:
         # Unknown ids are fine: a sequence whose NewSequence was rejected still gets finished.
@@ -289,15 +297,17 @@ class PartitionExecutor:
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],
-                     sampled: Any) -> list[RowResult]:
-        """`sampled` yields the runtime's answers in chunk order (one per prepared row)."""
+                     outcomes: Iterator[tuple[Optional[int], Optional[str]]]) -> list[RowResult]:
+        """`outcomes` yields the runtime's (token, error) in chunk order, one per prepared row."""
         results: list[RowResult] = []
         for row, item in zip(rows, prepared):
             if isinstance(item, RowError):
                 results.append(RowResult(row.seq_id, error=str(item)))
                 continue
-            token = next(sampled)
-            if row.sample:
+            token, error = next(outcomes)
+            if error:
+                results.append(RowResult(row.seq_id, error=error))
+            elif row.sample:
                 results.append(RowResult(row.seq_id, sampled_token_id=token) if token is not None
                                else RowResult(row.seq_id, error="the runtime sampled no token"))
         return results

@@ -15,7 +15,7 @@ import torch
 from services.common.config import WorkerConfig
 from services.worker.capacity import BlockGroupInfo, CacheFamilyInfo, ModelFacts
 from services.worker.executor import StepRuntime
-from services.worker.model.runtime import SequenceChunk
+from services.worker.model.runtime import SequenceChunk, StepOutput
 
 FAKE_VOCAB_SIZE = 1000
 FAKE_EOS_TOKEN_ID = 1
@@ -43,23 +43,17 @@ def allowed_ids(chunk: SequenceChunk) -> Optional[list[int]]:
 
 
 @dataclass
-class FakeStepOutput:
-    sampled: list[Optional[int]]
-    logits: list[None]
-
-
-@dataclass
 class FakeRuntime:
     steps: list[list[SequenceChunk]] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
 
-    def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> FakeStepOutput:
+    def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput:
         if any(CRASH_TOKEN_ID in chunk.token_ids for chunk in chunks):
             os._exit(3)
         self.steps.append(chunks)
         sampled = [fake_next_token(c.start_pos, c.token_ids, allowed_ids(c)) if c.sample else None
                    for c in chunks]
-        return FakeStepOutput(sampled=sampled, logits=[None] * len(chunks))
+        return StepOutput(sampled=sampled, logits=[None] * len(chunks))
 
     def free_sequence(self, seq_id: int) -> None:
         self.freed.append(seq_id)

@@ -1,0 +1,208 @@
+"""The worker's gRPC server: `Worker` (Describe, Step), health and reflection, on this host's rank 0.
+
+The servicer only converts protos ↔ the dataclasses of `executor.py` and hands steps to the
+`RankGroup`; model compute runs in the rank processes, never on this event loop. Health reports
+SERVING once every rank has loaded the model and warmed up, and NOT_SERVING again if a rank exits.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+import grpc
+
+from services.common.build_info import ABI_VERSION, build_id
+from services.common.grpc_server import RunningServer, serve_until_signal, start_server
+from services.common.config import WorkerConfig
+from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.capacity import ModelFacts
+from services.worker.executor import (NewSequence, ScheduledRow, StepPlan, StepResult,
+                                      TokenMask)
+from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
+                                   RuntimeFactory, rank_specs)
+
+_LOG = logging.getLogger(__name__)
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
+    return StepPlan(
+        step_id=request.step_id,
+        new_sequences=tuple(NewSequence(
+            seq_id=new.seq_id, partition_id=new.partition_id,
+            prompt_token_ids=tuple(new.prompt_token_ids),
+            logit_bias_token_ids=tuple(new.logit_bias_token_ids),
+            logit_bias_values=tuple(new.logit_bias_values)) for new in request.new_sequences),
+        rows=tuple(_row_from_proto(row) for row in request.rows),
+        finished_seq_ids=tuple(request.finished_seq_ids))
+
+
+def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
+    mask = (TokenMask(allowed_token_ids=tuple(row.mask.allowed_token_ids), bitmask=row.mask.bitmask)
+            if row.HasField("mask") else None)
+    return ScheduledRow(seq_id=row.seq_id, num_computed_tokens=row.num_computed_tokens,
+                        num_new_tokens=row.num_new_tokens,
+                        append_token_ids=tuple(row.append_token_ids),
+                        new_block_ids=tuple(row.new_block_ids),
+                        new_window_block_ids=tuple(row.new_window_block_ids),
+                        sample=row.sample, mask=mask)
+
+
+def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
+    return worker_pb2.StepResponse(
+        step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
+        results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
+                                      error=row.error) for row in result.results])
+
+
+def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
+    topology = config.topology
+    return worker_pb2.DescribeResponse(
+        abi_version=ABI_VERSION, build_id=build_id(), model_fingerprint=facts.model_fingerprint,
+        topology=worker_pb2.Topology(world_size=topology.world_size, dp=topology.dp, tp=topology.tp,
+                                     ep=topology.ep, host_ranks=range(topology.world_size),
+                                     backend=topology.backend),
+        block_size=config.block_size, vocab_size=facts.vocab_size,
+        eos_token_id=facts.eos_token_id, partition_ids=[0],
+        block_groups=[worker_pb2.BlockGroup(name=group.name, num_blocks=group.num_blocks,
+                                            bytes_per_block=group.bytes_per_block,
+                                            sliding_window=group.sliding_window)
+                      for group in facts.block_groups],
+        cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
+                                               rows_per_block=family.rows_per_block,
+                                               bytes_per_block=family.bytes_per_block,
+                                               bytes_per_sequence=family.bytes_per_sequence)
+                        for family in facts.cache_families],
+        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Serves one Step stream at a time: a newer stream supersedes the older one, whose later
+    requests are answered with an error, because both would drive the same sequence state."""
+
+    def __init__(self, describe: worker_pb2.DescribeResponse, ranks: RankGroup,
+                 ranks_started: asyncio.Task) -> None:
+        self._describe = describe
+        self._ranks = ranks
+        self._ranks_started = ranks_started
+        self._step_lock = asyncio.Lock()
+        self._stream_generation = 0
+
+    async def Describe(self, request: worker_pb2.DescribeRequest,
+                       context: grpc.aio.ServicerContext) -> worker_pb2.DescribeResponse:
+        if request.scheduler_abi_version != ABI_VERSION:
+            _LOG.warning("scheduler %s speaks ABI %d, this worker ABI %d", request.scheduler_build,
+                         request.scheduler_abi_version, ABI_VERSION)
+        return self._describe
+
+    async def Step(self, request_iterator: AsyncIterator[worker_pb2.StepRequest],
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.StepResponse]:
+        async with self._step_lock:
+            self._stream_generation += 1
+            generation = self._stream_generation
+            await self._drop_all_sequences()
+        async for request in request_iterator:
+            yield await self._step(request, generation)
+
+    async def _drop_all_sequences(self) -> None:
+        try:
+            await asyncio.shield(self._ranks_started)
+            await self._ranks.reset()
+        except RankGroupError:
+            pass  # every step of this stream reports the failure
+
+    async def _step(self, request: worker_pb2.StepRequest, generation: int) -> worker_pb2.StepResponse:
+        async with self._step_lock:
+            if generation != self._stream_generation:
+                return worker_pb2.StepResponse(step_id=request.step_id,
+                                               error="superseded by a newer Step stream")
+            try:
+                await asyncio.shield(self._ranks_started)
+                result = await self._ranks.step(plan_from_proto(request))
+            except RankGroupError as error:
+                return worker_pb2.StepResponse(step_id=request.step_id,
+                                               error=f"worker ranks failed: {error}")
+        return result_to_proto(result)
+
+
+@dataclass
+class RunningWorker:
+    grpc: RunningServer
+    ranks: RankGroup
+    ranks_started: asyncio.Task
+    supervision: asyncio.Task
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def wait_ready(self) -> None:
+        """Returns once the ranks serve; raises `RankGroupError` if they failed to start."""
+        await asyncio.shield(self.ranks_started)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        self.supervision.cancel()
+        await self.grpc.stop(grace_s)
+        await self.ranks.stop()
+        await asyncio.gather(self.ranks_started, self.supervision, return_exceptions=True)
+
+
+async def start_worker_server(config: WorkerConfig,
+                              runtime_factory: Optional[RuntimeFactory] = None) -> RunningWorker:
+    """Binds the server (port 0 picks a free one) and starts the ranks in the background."""
+    factory = runtime_factory or ModelRuntimeFactory()
+    if config.topology.world_size != 1:
+        raise ValueError(f"this worker drives one rank; --dp {config.topology.dp} --tp "
+                         f"{config.topology.tp} needs the tensor-parallel runtime (not built yet)")
+    facts = await asyncio.to_thread(factory.describe, config)
+    ranks = RankGroup(rank_specs(config, facts), factory)
+    ranks_started = asyncio.create_task(ranks.start(), name="worker-ranks-start")
+    servicer = WorkerServicer(describe_response(config, facts), ranks, ranks_started)
+    try:
+        running = await start_server(
+            config.host, config.port, [SERVICE_NAME],
+            lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server))
+    except BaseException:
+        await ranks.stop()
+        raise
+    supervision = asyncio.create_task(_supervise(ranks, ranks_started, running),
+                                      name="worker-ranks-supervision")
+    return RunningWorker(running, ranks, ranks_started, supervision)
+
+
+async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer) -> None:
+    """SERVING once the ranks are up; NOT_SERVING when one of them exits. Ranks that cannot start
+    stop the server, so `serve` returns and the process exits instead of idling NOT_SERVING."""
+    try:
+        await asyncio.shield(ranks_started)
+    except RankGroupError as error:
+        _LOG.error("worker ranks failed to start: %s", error)
+        await running.server.stop(0)
+        return
+    await running.mark_serving()
+    reason = await ranks.wait_for_exit()
+    _LOG.error("worker rank exited: %s", reason)
+    await running.mark_not_serving()
+
+
+async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None) -> None:
+    """Runs the worker until SIGINT/SIGTERM; `started` is set once it listens.
+
+    Raises `RankGroupError` when the ranks cannot start (bad checkpoint, device missing), so the
+    process exits non-zero instead of staying NOT_SERVING forever.
+    """
+    running = await start_worker_server(config)
+    _LOG.info("worker listening on %s:%d", config.host, running.port)
+    if started is not None:
+        started.set()
+    try:
+        await serve_until_signal(running.grpc)
+    finally:
+        await running.stop()
+    await running.wait_ready()  # raises when the ranks failed to start
