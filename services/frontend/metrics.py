@@ -71,7 +71,8 @@ class FrontendMetrics:
     """Owned by the app; every request reports through a `RequestTimer`."""
 
     def __init__(self, model_name: str) -> None:
-        self._labels = f'model_name="{model_name}"'
+        escaped = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        self._labels = f'model_name="{escaped}"'
         self.ttft = Histogram("vllm:time_to_first_token_seconds",
                               "Time from request arrival to its first output token.",
                               _LATENCY_BUCKETS_S)
@@ -82,10 +83,16 @@ class FrontendMetrics:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._finished_by_reason: dict[str, int] = {}
-        self.requests_in_flight = 0
+        self._requests_in_flight = 0
 
     def timer(self) -> RequestTimer:
         return RequestTimer(self)
+
+    def request_started(self) -> None:
+        self._requests_in_flight += 1
+
+    def request_ended(self) -> None:
+        self._requests_in_flight -= 1
 
     def count_finished(self, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None:
         self._prompt_tokens += prompt_tokens
@@ -106,7 +113,7 @@ class FrontendMetrics:
         lines += [f'vllm:request_success_total{{{self._labels},finished_reason="{reason}"}} {count}'
                   for reason, count in sorted(self._finished_by_reason.items())]
         lines += self._sample("dsv4serve:frontend_requests_in_flight", "gauge",
-                              "Requests this frontend is serving now.", self.requests_in_flight)
+                              "Requests this frontend is serving now.", self._requests_in_flight)
         lines += self._sample("dsv4serve:scheduler_up", "gauge",
                               "1 when the scheduler answered this scrape.", int(scheduler is not None))
         if scheduler is not None:

@@ -230,7 +230,7 @@ def _logit_bias(bias: Any, vocab_size: int) -> tuple[tuple[int, float], ...]:
     entries = []
     for key, value in bias.items():
         param = f"logit_bias.{_brief(key, 20)}"
-        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab_size):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab_size):
             raise RequestError(f"logit_bias keys must be token ids in [0, {vocab_size}), "
                                f"got {_brief(key)}.", param)
         if not _is_number(value) or not (-100 <= value <= 100):

@@ -273,11 +273,11 @@ class AdmittedGeneration:
     @contextlib.asynccontextmanager
     async def _tracked(self) -> AsyncIterator[Outcome]:
         outcome = Outcome(self._admission.prompt_tokens)
-        self._metrics.requests_in_flight += 1
+        self._metrics.request_started()
         try:
             yield outcome
         finally:
-            self._metrics.requests_in_flight -= 1
+            self._metrics.request_ended()
             self._stream.cancel()
         self._timer.on_finished(outcome.prompt_tokens, outcome.completion_tokens,
                                 outcome.finish_reason)
