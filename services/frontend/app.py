@@ -56,7 +56,7 @@ class PreparedPrompt:
 
 
 class ClientDisconnected(Exception):
-    pass
+    """The client went away before its response was ready; the scheduler call is cancelled."""
 
 
 class Gateway:
@@ -204,7 +204,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     gw = _gateway(request)
     token_ids = parse_detokenize_request(await _json_body(request), gw.limits)
-    return JSONResponse({"prompt": gw.tokenizer.decode(token_ids)})
+    return JSONResponse({"prompt": await anyio.to_thread.run_sync(gw.tokenizer.decode, token_ids)})
 
 
 async def metrics(request: Request) -> Response:
