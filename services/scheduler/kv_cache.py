@@ -86,11 +86,11 @@ class KvCacheManager:
 
     def blocks_needed(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, int]:
         """New blocks per group for the sequence to cover positions [0, num_tokens)."""
-        seq = self._sequences.get(seq_id)
         need = blocks_for(num_tokens, self.block_size)
-        have = {name: (seq.tables[name].num_logical_blocks if seq else 0)
-                for name in self._pools[partition_id]}
-        return {name: max(0, need - count) for name, count in have.items()}
+        seq = self._sequences.get(seq_id)
+        if seq is None:
+            return {name: need for name in self._pools[partition_id]}
+        return {name: max(0, need - table.num_logical_blocks) for name, table in seq.tables.items()}
 
     def can_allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> bool:
         pools = self._pools[partition_id]
@@ -105,9 +105,10 @@ class KvCacheManager:
         if seq is None:
             seq = SequenceBlocks(partition_id, {name: BlockTable() for name in pools})
             self._sequences[seq_id] = seq
-        new_ids = {name: pools[name].allocate(n) for name, n in needed.items()}
-        for name, ids in new_ids.items():
-            seq.tables[name].block_ids.extend(ids)
+        new_ids: dict[str, list[int]] = {}
+        for name, count in needed.items():
+            new_ids[name] = pools[name].allocate(count) if count else []
+            seq.tables[name].block_ids.extend(new_ids[name])
         return new_ids
 
     def release_outside_window(self, seq_id: int, next_pos: int) -> int:
