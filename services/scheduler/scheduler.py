@@ -58,7 +58,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._clock = clock
         self._by_seq: dict[int, Request] = {}
-        self._finished_seq_ids: list[int] = []
+        self._finished_seqs: dict[int, int] = {}  # dropped seq id → its partition, until sent
         self._stalled_since: dict[int, float] = {}  # partition id → first step nothing progressed
         self._next_seq_id = 1
         self._next_step_id = 1
@@ -73,7 +73,7 @@ class Scheduler:
         return self._by_seq.get(seq_id)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._finished_seq_ids)
+        return bool(self.waiting or self.running or self._finished_seqs)
 
     def abort(self, request: Request) -> None:
         self._finish(request, FinishReason.ABORT)
@@ -88,7 +88,7 @@ class Scheduler:
 
     def forget_worker_sequences(self) -> None:
         """The workers lost every sequence (new Step stream): nothing is left to tell them."""
-        self._finished_seq_ids.clear()
+        self._finished_seqs.clear()
 
     def seconds_until_stall_deadline(self) -> Optional[float]:
         if not self._stalled_since:
@@ -120,7 +120,11 @@ class Scheduler:
         if not blocked and self.counters.preemptions_total == preemptions_before:
             self._admit_waiting(plan, budget)
         self._track_stalls(blocked, {self._by_seq[row.seq_id].partition_id for row in plan.rows})
-        plan.finished_seq_ids, self._finished_seq_ids = self._finished_seq_ids, []
+        plan.finished_seq_ids = list(self._finished_seqs)
+        plan.partition_of = dict(self._finished_seqs)
+        plan.partition_of.update((row.seq_id, self._by_seq[row.seq_id].partition_id)
+                                 for row in plan.rows)
+        self._finished_seqs = {}
         if not plan.rows and not plan.finished_seq_ids:
             return None
         self._next_step_id += 1
@@ -279,7 +283,7 @@ class Scheduler:
 
     def _drop_sequence(self, request: Request) -> None:
         self.kv.free(request.seq_id)
-        self._finished_seq_ids.append(request.seq_id)
+        self._finished_seqs[request.seq_id] = request.partition_id
         del self._by_seq[request.seq_id]
         request.seq_id = None
         request.num_computed_tokens = 0

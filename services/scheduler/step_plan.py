@@ -49,10 +49,23 @@ class StepPlan:
     new_sequences: list[NewSequence] = field(default_factory=list)
     rows: list[ScheduledRow] = field(default_factory=list)
     finished_seq_ids: list[int] = field(default_factory=list)
+    # Routing only (not on the wire): the partition of every sequence the plan names.
+    partition_of: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         return sum(row.num_new_tokens for row in self.rows)
+
+    def restricted_to(self, partition_ids: frozenset[int]) -> "StepPlan":
+        """The part of the plan for a worker holding `partition_ids` (same step id)."""
+        def mine(seq_id: int) -> bool:
+            return self.partition_of[seq_id] in partition_ids
+        return StepPlan(
+            step_id=self.step_id,
+            new_sequences=[s for s in self.new_sequences if s.partition_id in partition_ids],
+            rows=[r for r in self.rows if mine(r.seq_id)],
+            finished_seq_ids=[seq_id for seq_id in self.finished_seq_ids if mine(seq_id)],
+            partition_of=self.partition_of)
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,9 @@ class WorkerConnection:
 
 
 class WorkerSet:
-    """Every worker of the deployment, handled as one unit: steps go to all, readiness needs all."""
+    """Every worker of the deployment, handled as one unit: every step goes to all (each gets the
+    rows of the partitions it holds; workers holding the same partition get the same rows),
+    readiness needs all."""
 
     def __init__(self, addresses: tuple[str, ...], *, block_size: int,
                  expected_fingerprint: Optional[str], probe_interval_s: float,
@@ -260,9 +262,13 @@ class WorkerSet:
         """Send the plan to every worker and merge the answers; raises WorkerLost."""
         if not self.ready:
             raise WorkerLost("workers are not connected")
-        request = plan_to_proto(plan)
+        if len(self._connections) == 1:
+            requests = [plan_to_proto(plan)]
+        else:  # each worker gets the rows of the partitions it holds
+            requests = [plan_to_proto(plan.restricted_to(frozenset(c.description.partition_ids)))
+                        for c in self._connections]
         outcomes = await asyncio.gather(
-            *(c.step(request, self._timeouts.step_s) for c in self._connections),
+            *(c.step(r, self._timeouts.step_s) for c, r in zip(self._connections, requests)),
             return_exceptions=True)
         for connection, outcome in zip(self._connections, outcomes):
             if isinstance(outcome, WorkerLost):

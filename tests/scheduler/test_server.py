@@ -57,6 +57,22 @@ def test_sixteen_concurrent_requests_equal_each_alone():
     asyncio.run(scenario())
 
 
+def test_two_workers_each_get_only_their_partitions_rows():
+    prompts = [[i + 2, i + 3, i + 4] for i in range(8)]
+
+    async def scenario():
+        specs = (FakeWorkerSpec(partition_ids=(0,)), FakeWorkerSpec(partition_ids=(1,)))
+        async with running_stack(specs) as stack:
+            outputs = await asyncio.gather(*(stack.generate(f"r{i}", p, 10)
+                                             for i, p in enumerate(prompts)))
+            assert [tokens_of(m) for m in outputs] == [reference_output(p, 10) for p in prompts]
+            await stack.wait_idle()
+            for fake in stack.workers:
+                assert not fake.worker.violations
+                assert any(r.rows for r in fake.worker.step_requests)  # both partitions used
+    asyncio.run(scenario())
+
+
 def test_abort_and_cancel_release_everything():
     async def scenario():
         async with running_stack() as stack:
