@@ -1,0 +1,74 @@
+"""Describe facts from the tiny checkpoint: capacity from the memory budget, families, fingerprint."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from services.common.config import TopologyConfig, WorkerConfig
+from services.worker.capacity import describe_model
+from services.worker.model.config import ModelConfig
+from services.worker.model.runtime import ModelRuntime
+
+FAMILIES = {"ori", "cmp_c4", "cmp_c128", "idx", "csa_state", "csa_inner_state", "hca_state"}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir) -> ModelConfig:
+    return ModelConfig.from_json_file(tiny_model_dir / "config.json")
+
+
+def test_capacity_divides_the_memory_budget_by_the_cost_of_one_block_in_both_groups(tiny_model_dir,
+                                                                                   model):
+    cost = ModelRuntime.block_bytes(model, 32, torch.float32)
+    per_block = cost.window_block_bytes + cost.compressed_block_bytes
+    facts = describe_model(WorkerConfig(model_dir=tiny_model_dir,
+                                        kv_cache_memory_bytes=100 * per_block + 1))
+    assert facts.num_blocks("window") == facts.num_blocks("compressed") == 100
+    groups = {group.name: group for group in facts.block_groups}
+    assert groups["window"].sliding_window == model.sliding_window
+    assert groups["compressed"].sliding_window == 0
+    assert groups["window"].bytes_per_block == cost.window_block_bytes
+
+
+def test_num_blocks_flag_wins_over_the_budget(tiny_model_dir):
+    facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, num_blocks=12,
+                                        kv_cache_memory_bytes=1))
+    assert facts.num_blocks("window") == facts.num_blocks("compressed") == 12
+
+
+def test_budget_too_small_for_one_block_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="holds no block"):
+        describe_model(WorkerConfig(model_dir=tiny_model_dir, kv_cache_memory_bytes=1))
+
+
+def test_reports_seven_families_vocab_eos_and_dtype(tiny_model_dir, model):
+    facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, num_blocks=4))
+    families = {family.name: family for family in facts.cache_families}
+    assert set(families) == FAMILIES
+    ratio4_layers = model.compress_ratios[:model.num_hidden_layers].count(4)
+    assert families["ori"].rows_per_block == 32 * model.num_hidden_layers
+    assert families["cmp_c4"].rows_per_block == 8 * ratio4_layers
+    assert families["csa_state"].group == "" and families["csa_state"].bytes_per_sequence > 0
+    assert (facts.vocab_size, facts.eos_token_id) == (model.vocab_size, model.eos_token_id)
+    assert facts.compute_dtype == "float32"
+    cuda = WorkerConfig(model_dir=tiny_model_dir, num_blocks=4,
+                        topology=TopologyConfig(backend="cuda"))
+    assert describe_model(cuda).compute_dtype == "bfloat16"
+
+
+def test_fingerprint_changes_with_the_model_config(tiny_model_dir, tmp_path):
+    config = WorkerConfig(model_dir=tiny_model_dir, num_blocks=4)
+    assert describe_model(config).model_fingerprint == describe_model(config).model_fingerprint
+    other = tmp_path / "other"
+    other.mkdir()
+    for path in tiny_model_dir.iterdir():
+        (other / path.name).symlink_to(path)
+    (other / "config.json").unlink()
+    text = (tiny_model_dir / "config.json").read_text().replace('"sliding_window": 16',
+                                                                '"sliding_window": 32')
+    assert text != (tiny_model_dir / "config.json").read_text()
+    (other / "config.json").write_text(text)
+    changed = dataclasses.replace(config, model_dir=other)
+    assert describe_model(changed).model_fingerprint != describe_model(config).model_fingerprint
