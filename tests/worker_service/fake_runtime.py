@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from services.common.config import WorkerConfig
 from services.worker.capacity import BlockGroupInfo, CacheFamilyInfo, ModelFacts
@@ -42,6 +43,17 @@ def allowed_ids(chunk: SequenceChunk) -> Optional[list[int]]:
     return None
 
 
+def ranks_agree(chunks: list[SequenceChunk]) -> bool:
+    """Under several ranks: a collective over the step's token count, as tensor-parallel compute
+    would do; it only completes, and agrees, when every rank runs the same step."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    mine = torch.tensor([sum(len(chunk.token_ids) for chunk in chunks)])
+    total = mine.clone()
+    dist.all_reduce(total)
+    return int(total) == int(mine) * dist.get_world_size()
+
+
 @dataclass
 class FakeRuntime:
     steps: list[list[SequenceChunk]] = field(default_factory=list)
@@ -53,7 +65,8 @@ class FakeRuntime:
         self.steps.append(chunks)
         sampled = [fake_next_token(c.start_pos, c.token_ids, allowed_ids(c)) if c.sample else None
                    for c in chunks]
-        return StepOutput(sampled=sampled, logits=[None] * len(chunks))
+        error = None if ranks_agree(chunks) else "ranks computed different steps"
+        return StepOutput(sampled=sampled, logits=[None] * len(chunks), errors=[error] * len(chunks))
 
     def free_sequence(self, seq_id: int) -> None:
         self.freed.append(seq_id)
@@ -61,6 +74,9 @@ class FakeRuntime:
 
 @dataclass(frozen=True)
 class FakeRuntimeFactory:
+    # Set: `build` raises this message, as a rank that cannot load its checkpoint would.
+    build_error: str = ""
+
     def describe(self, config: WorkerConfig) -> ModelFacts:
         groups = (BlockGroupInfo("window", FAKE_NUM_BLOCKS, 4096, 128),
                   BlockGroupInfo("compressed", FAKE_NUM_BLOCKS, 2048, 0))
@@ -71,5 +87,7 @@ class FakeRuntimeFactory:
                           block_groups=groups, cache_families=families)
 
     def build(self, spec: object) -> StepRuntime:
+        if self.build_error:
+            raise RuntimeError(self.build_error)
         torch.set_num_threads(1)
         return FakeRuntime()

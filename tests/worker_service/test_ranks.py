@@ -1,0 +1,74 @@
+"""Rank processes: several ranks see every descriptor, rank 0 answers, failures are reported with
+their cause, and nothing outlives a stop."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.common.config import TopologyConfig, WorkerConfig
+from services.worker.executor import NewSequence, ScheduledRow, StepPlan
+from services.worker.ranks import RankGroup, RankGroupError, rank_specs
+from services.worker.server import serve, start_worker_server
+from tests.worker_service.fake_runtime import FakeRuntimeFactory, fake_next_token
+
+STEP_TIMEOUT_S = 120.0
+PROMPT = (5, 6, 7)
+
+
+def assert_processes_gone(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def two_rank_config() -> WorkerConfig:
+    return WorkerConfig(model_dir=Path("/nonexistent-fake-model"), port=0, block_size=4,
+                        topology=TopologyConfig(tp=2))
+
+
+@pytest.mark.slow  # spawns two ranks
+def test_two_ranks_run_every_step_and_rank0_answers():
+    factory = FakeRuntimeFactory()
+    config = two_rank_config()
+
+    async def scenario() -> tuple[list, list[int]]:
+        ranks = RankGroup(rank_specs(config, factory.describe(config)), factory)
+        try:
+            await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
+            pids = ranks.pids
+            plan = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT),),
+                            rows=(ScheduledRow(3, 0, 3, new_block_ids=(0,), new_window_block_ids=(0,),
+                                               sample=True),))
+            first = await asyncio.wait_for(ranks.step(plan), STEP_TIMEOUT_S)
+            await ranks.reset()
+            after_reset = await asyncio.wait_for(ranks.step(StepPlan(2, rows=plan.rows)), STEP_TIMEOUT_S)
+            return [first, after_reset], pids
+        finally:
+            await ranks.stop()
+
+    (first, after_reset), pids = asyncio.run(scenario())
+    assert len(pids) == 2
+    assert first.results[0].error == ""  # the fake's all-reduce agreed: both ranks ran the step
+    assert first.results[0].sampled_token_id == fake_next_token(0, list(PROMPT))
+    assert "unknown seq_id 3" in after_reset.results[0].error
+    assert_processes_gone(pids)
+
+
+def test_more_than_one_rank_is_refused_until_the_runtime_is_tensor_parallel():
+    with pytest.raises(ValueError, match="drives one rank"):
+        asyncio.run(start_worker_server(two_rank_config(), FakeRuntimeFactory()))
+
+
+@pytest.mark.slow  # spawns a rank that loads the real runtime
+def test_serve_fails_with_the_cause_when_the_checkpoint_cannot_load(tiny_model_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    shard = next(broken.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    config = WorkerConfig(model_dir=broken, port=0, num_blocks=4)
+    with pytest.raises(RankGroupError, match="rank 0 failed to start"):
+        asyncio.run(asyncio.wait_for(serve(config), STEP_TIMEOUT_S))
