@@ -182,8 +182,14 @@ def run_supervised(specs: Sequence[ChildSpec], startup_timeout_s: float, log_dir
 
 def run_stack(cfg: StackConfig, out: TextIO = sys.stdout) -> int:
     cfg = with_free_ports(cfg)
-    return run_supervised(child_specs(cfg), cfg.startup_timeout_s, cfg.log_dir,
-                          on_ready=lambda: announce_ready(cfg, out), env=child_env(os.environ))
+    if cfg.ready_file is not None:
+        cfg.ready_file.unlink(missing_ok=True)  # it must only ever describe this run, while it is ready
+    try:
+        return run_supervised(child_specs(cfg), cfg.startup_timeout_s, cfg.log_dir,
+                              on_ready=lambda: announce_ready(cfg, out), env=child_env(os.environ))
+    finally:
+        if cfg.ready_file is not None:
+            cfg.ready_file.unlink(missing_ok=True)
 
 
 def child_specs(cfg: StackConfig) -> list[ChildSpec]:
