@@ -224,3 +224,31 @@ def test_children_do_not_inherit_npu_variables_and_know_their_launcher() -> None
     env = launcher.child_env({"PYPTO_CACHE": "1", "PATH": "/bin"})
     assert "PYPTO_CACHE" not in env and env["PATH"] == "/bin"
     assert env[launcher.LAUNCHER_PID_ENV] == str(os.getpid())
+
+
+DOOMED_LAUNCHER = textwrap.dedent("""
+    import os, signal, subprocess, sys
+    from services import launcher
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal; from services.launcher import follow_launcher; "
+         "follow_launcher(os.environ); print('armed', flush=True); signal.pause()"],
+        env={**os.environ, launcher.LAUNCHER_PID_ENV: str(os.getpid())}, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "armed"
+    print(child.pid, flush=True)
+    signal.pause()
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux-only")
+def test_a_service_stops_when_its_launcher_is_killed(tmp_path: Path) -> None:
+    doomed = subprocess.Popen([sys.executable, "-c", DOOMED_LAUNCHER], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        service_pid = int(doomed.stdout.readline())
+        assert is_alive(service_pid)
+        doomed.kill()  # SIGKILL: the launcher gets no chance to stop anything itself
+        doomed.wait()
+        assert wait_for(lambda: not is_alive(service_pid)), "the service outlived its killed launcher"
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+            doomed.wait()
