@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Coroutine, Optional, Sequence
 
 from services.common import cli_args
 
@@ -51,7 +51,7 @@ def run_frontend(argv: Sequence[str]) -> int:
     return _run_service(serve(config))
 
 
-def _run_service(service: Any) -> int:
+def _run_service(service: Coroutine[Any, Any, None]) -> int:
     import uvloop
 
     try:
