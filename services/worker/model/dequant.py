@@ -45,7 +45,7 @@ def dequant_fp8_blocks(weight: torch.Tensor, scale: torch.Tensor,
     if tuple(scale.shape) != (rows, cols):
         raise ValueError(f"fp8 scale shape {tuple(scale.shape)} does not match weight "
                          f"{(out_f, in_f)} in {block} blocks: expected {(rows, cols)}")
-    values = weight.to(torch.float32)
+    values = _e4m3_to_float(weight)
     factors = e8m0_to_float(scale)
     if out_f % block[0] == 0 and in_f % block[1] == 0:
         tiles = values.view(rows, block[0], cols, block[1]) * factors[:, None, :, None]
@@ -114,14 +114,25 @@ def _e8m0_from_exponent(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    """|values| <= 6 -> 4-bit e2m1 codes (bit 3 = sign), round-to-nearest-even."""
-    magnitude = values.abs()
-    code = torch.zeros(values.shape, dtype=torch.uint8)
-    for lower_code, boundary in enumerate(_E2M1_BOUNDARIES):
-        goes_up = magnitude >= boundary if lower_code % 2 else magnitude > boundary
-        code += goes_up.to(torch.uint8)
+    """|values| <= 6 -> 4-bit e2m1 codes (bit 3 = sign), round-to-nearest-even.
+
+    The magnitude code is the number of boundaries below the value. A tie goes up when the lower
+    code is odd, so those boundaries are moved one float32 step towards zero: `>` then acts as `>=`.
+    """
+    boundaries = torch.tensor(_E2M1_BOUNDARIES, dtype=torch.float32)
+    odd_lower = torch.arange(len(_E2M1_BOUNDARIES)) % 2 == 1
+    boundaries = torch.where(odd_lower, torch.nextafter(boundaries, torch.zeros(())), boundaries)
+    code = torch.bucketize(values.abs().to(torch.float32), boundaries).to(torch.uint8)
     negative = (values < 0) & (code > 0)
     return code | (negative.to(torch.uint8) << 3)
+
+
+def _e4m3_to_float(weight: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn -> float32 through a 256-entry table (several times faster than `.to` on CPU)."""
+    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    byte_index = weight.view(torch.uint8).reshape(-1).to(torch.int32)
+    values = table.to(torch.float32).to(weight.device).index_select(0, byte_index)
+    return values.view(weight.shape)
 
 
 def _e2m1_byte_table(device: Device) -> torch.Tensor:
