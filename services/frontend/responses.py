@@ -219,7 +219,7 @@ class AdmittedGeneration:
                 for delta in parser.finish(outcome.stopped_on_eos):
                     yield sse_event(chunks.delta(chat_delta_payload(delta)))
                 outcome.tool_calls_completed = bool(parser.outcome.tool_calls)
-                _log_parse_error(parser.outcome.error)
+                _log_parse_error(parser.outcome.error, outcome.stopped_on_eos)
             yield sse_event(chunks.delta({}, outcome.finish_reason))
             if include_usage:
                 yield sse_event(chunks.usage(outcome.prompt_tokens, outcome.completion_tokens))
@@ -298,13 +298,15 @@ def _parse_chat_text(text: str, stopped_on_eos: bool, thinking: bool,
     try:
         parsed = parse_completion(text, thinking, tools, stopped_on_eos=stopped_on_eos)
     except DsmlParseError as error:
-        _log_parse_error(error)
+        _log_parse_error(error, stopped_on_eos)
         safe = error.partial
         return (safe.content, safe.reasoning_content, []) if safe else ("", "", [])
     calls = [tool_call_body(call.id, call.name, call.arguments_json) for call in parsed.tool_calls]
     return parsed.content, parsed.reasoning_content, calls
 
 
-def _log_parse_error(error: Optional[DsmlParseError]) -> None:
-    if error is not None:
+def _log_parse_error(error: Optional[DsmlParseError], stopped_on_eos: bool) -> None:
+    """Output cut short (max_tokens, a stop string) is expected to be incomplete; only a malformed
+    message that the model ended itself is worth an operator's attention."""
+    if error is not None and stopped_on_eos:
         log.info("model output is not a well-formed V4 message (%s); withheld the rest", error)
