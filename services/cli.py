@@ -83,7 +83,7 @@ def run_probe(argv: Sequence[str]) -> int:
     import httpx
 
     try:
-        return 0 if httpx.get(args.target, timeout=args.timeout).status_code == 200 else 1
+        return 0 if httpx.get(args.target, timeout=args.timeout, trust_env=False).status_code == 200 else 1
     except httpx.HTTPError:
         return 1
 

@@ -219,7 +219,7 @@ def _grpc_serving(address: str, service: str) -> bool:
 
 def _http_ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2.0).status_code == 200
+        return httpx.get(url, timeout=2.0, trust_env=False).status_code == 200  # no proxy for a local probe
     except httpx.HTTPError:
         return False
 

@@ -104,7 +104,8 @@ async def serve_until_signal(running: RunningServer, grace_s: float = 5.0) -> No
 
 def probe_health(address: str, service: str = _OVERALL, timeout_s: float = 2.0) -> bool:
     """True when `address` answers grpc.health.v1 Check with SERVING for `service` (blocking call)."""
-    with grpc.insecure_channel(address) as channel:
+    # A readiness probe talks to the target directly, never through an http_proxy from the environment.
+    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
