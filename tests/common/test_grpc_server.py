@@ -33,7 +33,7 @@ async def probe(port: int, service: str = "") -> bool:
 
 
 async def list_services(port: int) -> list[str]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.enable_http_proxy", 0)]) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         async for response in stub.ServerReflectionInfo(iter([request])):
