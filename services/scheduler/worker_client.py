@@ -35,8 +35,16 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+PROBE_TIMEOUTS_TO_LOSE = 3
+
+
 class WorkerUnreachable(Exception):
-    """Describe or the health check failed, or the worker is not SERVING yet."""
+    """Describe or the health check failed, or the worker is not SERVING yet. `timed_out`: the
+    worker did not answer in time (maybe only busy), as opposed to refusing or being gone."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class HandshakeRefused(Exception):
@@ -76,6 +84,7 @@ class WorkerConnection:
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._stream: Optional[grpc.aio.StreamStreamCall] = None
+        self.probe_timeouts = 0  # consecutive probes that timed out (see WorkerSet._probe)
 
     async def describe(self, timeout_s: float) -> WorkerDescription:
         """Describe, then a grpc.health.v1 check: a worker counts only once it reports SERVING
@@ -86,8 +95,9 @@ class WorkerConnection:
             response = await self._stub.Describe(request, timeout=timeout_s)
             health = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
-            raise WorkerUnreachable(f"worker {self.address}: {error.code().name}: "
-                                    f"{error.details()}") from None
+            raise WorkerUnreachable(
+                f"worker {self.address}: {error.code().name}: {error.details()}",
+                timed_out=error.code() == grpc.StatusCode.DEADLINE_EXCEEDED) from None
         if health.status != health_pb2.HealthCheckResponse.SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
             raise WorkerUnreachable(f"worker {self.address} is not serving yet (health {status})")
@@ -118,6 +128,12 @@ class WorkerConnection:
         except asyncio.InvalidStateError:  # writing to a stream the worker already ended
             raise WorkerLost(f"worker {self.address} ended its Step stream: "
                              f"{(await stream.code()).name}: {await stream.details()}") from None
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise  # this task is being cancelled
+            # The stream was cancelled under us (`close_stream` after another worker failed).
+            raise WorkerLost(f"worker {self.address}: Step stream closed during step "
+                             f"{request.step_id}") from None
         self.last_ok = time.monotonic()
         return result_from_proto(response)
 
@@ -162,6 +178,7 @@ class WorkerSet:
         self._wake = asyncio.Event()
         self._supervisor: Optional[asyncio.Task] = None
         self.ready = False
+        self._lost_reason = ""
         self.description: Optional[WorkerDescription] = None
 
     def start(self) -> None:
@@ -239,10 +256,16 @@ class WorkerSet:
                 f"scheduler's --block-size is {self._block_size}")
 
     async def _probe(self) -> None:
+        """A worker that refuses or is gone is lost at once; one that is only slow to answer is
+        lost after PROBE_TIMEOUTS_TO_LOSE probes in a row (a loaded host is not a dead one)."""
         outcomes = await asyncio.gather(
             *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
         for connection, outcome in zip(self._connections, outcomes):
-            if isinstance(outcome, WorkerUnreachable):
+            if not isinstance(outcome, WorkerUnreachable):
+                connection.probe_timeouts = 0
+                continue
+            connection.probe_timeouts = connection.probe_timeouts + 1 if outcome.timed_out else 0
+            if not outcome.timed_out or connection.probe_timeouts >= PROBE_TIMEOUTS_TO_LOSE:
                 self._lose(connection, f"probe failed: {outcome}")
                 return
 
@@ -252,6 +275,7 @@ class WorkerSet:
             return
         log.error("%s; failing in-flight requests and reconnecting", reason)
         self.ready = False
+        self._lost_reason = reason
         for each in self._connections:
             each.close_stream()
         self._on_lost(reason)
@@ -272,6 +296,8 @@ class WorkerSet:
             return_exceptions=True)
         for connection, outcome in zip(self._connections, outcomes):
             if isinstance(outcome, WorkerLost):
+                if not self.ready:  # lost meanwhile (a probe): that is the reason to report
+                    raise WorkerLost(self._lost_reason)
                 self._lose(connection, str(outcome))
                 raise outcome
             if isinstance(outcome, BaseException):

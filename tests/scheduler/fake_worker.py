@@ -169,6 +169,11 @@ class RunningFakeWorker:
     server: grpc.aio.Server
     port: int
     worker: FakeWorker
+    health: health_aio.HealthServicer
+
+    async def set_serving(self, serving: bool) -> None:
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING if serving
+                              else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     @property
     def address(self) -> str:
@@ -183,9 +188,9 @@ async def start_fake_worker(spec: FakeWorkerSpec, port: int = 0) -> RunningFakeW
     worker = FakeWorker(spec)
     worker_pb2_grpc.add_WorkerServicer_to_server(worker, server)
     health = health_aio.HealthServicer()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING if spec.serving
-                     else health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    running = RunningFakeWorker(server, bound, worker, health)
+    await running.set_serving(spec.serving)
     await server.start()
-    return RunningFakeWorker(server, bound, worker)
+    return running

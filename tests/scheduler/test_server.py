@@ -139,6 +139,26 @@ def test_hung_worker_fails_requests_after_the_step_timeout_then_recovers():
     asyncio.run(scenario())
 
 
+def test_worker_reporting_not_serving_mid_step_fails_requests_and_the_loop_survives():
+    async def scenario():
+        async with running_stack() as stack:
+            fake = stack.workers[0]
+            fake.worker.hang.set()  # the step stays in flight while the probe sees NOT_SERVING
+            call = stack.stub.Generate(make_request("in-flight", [5, 6, 7], 5))
+            assert (await call.read()).HasField("admitted")
+            await fake.set_serving(False)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await read_rest(call)
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "not serving" in failure.value.details()
+            fake.worker.hang.clear()
+            await fake.set_serving(True)
+            await stack.wait_ready()
+            messages = await stack.generate("after", [5, 6, 7], 5)
+            assert tokens_of(messages) == reference_output([5, 6, 7], 5)
+    asyncio.run(scenario())
+
+
 def test_abi_mismatch_is_refused_with_both_versions():
     async def scenario():
         spec = FakeWorkerSpec(abi_version=ABI_VERSION + 98)
