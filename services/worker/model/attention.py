@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from services.worker.model import compressor, numerics
 from services.worker.model.batch import ChunkRows, StepBatch
@@ -60,10 +59,10 @@ class AttentionLayer:
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, w, p = self.config, self.w, self.prefix
         eps, rd = cfg.rms_norm_eps, cfg.qk_rope_head_dim
-        qr = numerics.rms_norm(F.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"], eps)
-        q = F.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.num_attention_heads, cfg.head_dim)
+        qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"], eps)
+        q = numerics.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.num_attention_heads, cfg.head_dim)
         q = self._rope(numerics.rms_norm(q, None, eps), positions)
-        kv = numerics.rms_norm(F.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"], eps)
+        kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"], eps)
         kv = self._rope(kv, positions)
         # QAT: the non-rope dims go through an FP8 round trip (blocks of 64).
         kv = torch.cat([numerics.fp8_round_trip(kv[:, :-rd], 64), kv[:, -rd:]], dim=-1)
@@ -72,9 +71,9 @@ class AttentionLayer:
     def _index_queries(self, y: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, w, p = self.config, self.w, self.prefix + "indexer."
-        q = F.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.index_n_heads, cfg.index_head_dim)
+        q = numerics.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.index_n_heads, cfg.index_head_dim)
         q = numerics.fp4_round_trip(numerics.hadamard_rotate(self._rope(q, positions)), 32)
-        head_weights = F.linear(y, w[p + "weights_proj.weight"]) * (
+        head_weights = numerics.linear(y, w[p + "weights_proj.weight"]) * (
             cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5)
         return q, head_weights
 
@@ -116,7 +115,7 @@ class AttentionLayer:
         groups = cfg.o_groups
         wo_a = w[p + "wo_a.weight"].view(groups, cfg.o_lora_rank, -1)
         o = torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], groups, -1), wo_a)
-        return F.linear(o.flatten(1), w[p + "wo_b.weight"])
+        return numerics.linear(o.flatten(1), w[p + "wo_b.weight"])
 
     def _window(self, chunk: ChunkRows, kv: torch.Tensor, cache: PagedKvCache
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,14 +150,28 @@ class AttentionLayer:
                 entries: torch.Tensor, visible: torch.Tensor
                 ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         """Indexer: score Σ_h relu(q_h·k_j)·w_h, keep the top index_topk visible entries
-        → (gathered entries [L, k, d], valid [L, k]) or (None, None) when none exist."""
+        → (gathered entries [L, k, d], valid [L, k]) or (None, None) when none exist.
+
+        Exact ties are common (relu zeros) and torch.topk breaks them by the row's length, so
+        each query ranks a row of exactly its own visible entries, as a decode step does. This
+        keeps the choice independent of how the sequence was chunked.
+        """
         k = min(self.config.index_topk, entries.shape[0])
         if k == 0:
             return None, None
         scores = (torch.einsum("lhd,nd->lhn", index_q, index_keys).relu()
                   * index_w.unsqueeze(-1)).sum(dim=1)
-        chosen = scores.masked_fill(~visible, float("-inf")).topk(k, dim=-1).indices
-        return entries[chosen], visible.gather(1, chosen)
+        n_visible = visible.sum(dim=1)
+        chosen = torch.zeros(scores.shape[0], k, dtype=torch.int64, device=scores.device)
+        valid = torch.zeros(scores.shape[0], k, dtype=torch.bool, device=scores.device)
+        for n in torch.unique(n_visible).tolist():
+            if n == 0:
+                continue
+            rows = n_visible == n
+            kk = min(k, n)
+            chosen[rows, :kk] = scores[rows, :n].topk(kk, dim=-1).indices
+            valid[rows, :kk] = True
+        return entries[chosen], valid
 
 
 def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tensor,

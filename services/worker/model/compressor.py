@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from services.worker.model import numerics
 from services.worker.model.weights import ModelWeights
@@ -54,8 +53,8 @@ def project(spec: CompressorSpec, w: ModelWeights, x: torch.Tensor, positions: t
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D] → fp32 kv [T, width], score [T, width] (position bias `ape[pos % ratio]` added)."""
     xf = x.float()
-    kv = F.linear(xf, w[spec.prefix + "wkv.weight"])
-    score = F.linear(xf, w[spec.prefix + "wgate.weight"]) + w[spec.prefix + "ape"][positions % spec.ratio]
+    kv = numerics.linear(xf, w[spec.prefix + "wkv.weight"])
+    score = numerics.linear(xf, w[spec.prefix + "wgate.weight"]) + w[spec.prefix + "ape"][positions % spec.ratio]
     return kv, score
 
 

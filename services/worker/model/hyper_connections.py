@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from services.worker.model import numerics
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class HcParams:
 def _mixes(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
     flat = x.flatten(1).float()
     rsqrt = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
-    return F.linear(flat, fn) * rsqrt
+    return numerics.linear(flat, fn) * rsqrt
 
 
 def sinkhorn_split(mixes: torch.Tensor, p: HcParams, hc: int, iters: int, eps: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from services.worker.model import numerics
 from services.worker.model.config import ModelConfig
 from services.worker.model.weights import ModelWeights
 
@@ -15,7 +16,7 @@ def route(x: torch.Tensor, token_ids: torch.Tensor, w: ModelWeights, prefix: str
     The gate bias only changes which experts are selected; the weights always come from the
     unbiased scores, normalised to sum 1 and scaled by routed_scaling_factor.
     """
-    scores = F.softplus(F.linear(x.float(), w[prefix + "gate.weight"])).sqrt()
+    scores = F.softplus(numerics.linear(x.float(), w[prefix + "gate.weight"])).sqrt()
     if hash_layer:
         experts = w[prefix + "gate.tid2eid"][token_ids]
     else:
@@ -28,15 +29,15 @@ def route(x: torch.Tensor, token_ids: torch.Tensor, w: ModelWeights, prefix: str
 
 def _expert(x: torch.Tensor, w: ModelWeights, prefix: str, limit: float | None,
             route_weight: torch.Tensor | None) -> torch.Tensor:
-    gate = F.linear(x, w[prefix + "w1.weight"]).float()
-    up = F.linear(x, w[prefix + "w3.weight"]).float()
+    gate = numerics.linear(x, w[prefix + "w1.weight"]).float()
+    up = numerics.linear(x, w[prefix + "w3.weight"]).float()
     if limit is not None:
         up = up.clamp(-limit, limit)
         gate = gate.clamp(max=limit)
     hidden = F.silu(gate) * up
     if route_weight is not None:
         hidden = route_weight * hidden
-    return F.linear(hidden.to(x.dtype), w[prefix + "w2.weight"])
+    return numerics.linear(hidden.to(x.dtype), w[prefix + "w2.weight"])
 
 
 def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: ModelWeights, prefix: str,

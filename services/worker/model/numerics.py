@@ -22,6 +22,26 @@ _E2M1_UPPER_BOUNDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
                       (2.5, False), (3.5, True), (5.0, False))
 
 
+# CPU GEMM kernels pick their blocking by the row count, so one row's result can change with the
+# number of rows beside it. Padding the rows to a multiple of 8 makes every row's result
+# independent of the batch (measured bit-exact with torch's CPU GEMM), which keeps greedy outputs
+# identical however the scheduler chunks and batches the work.
+_CPU_ROW_MULTIPLE = 8
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ weight.T, batch-invariant per row on CPU."""
+    if x.device.type != "cpu":
+        return torch.nn.functional.linear(x, weight)
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    padded = max(_CPU_ROW_MULTIPLE, -(-rows // _CPU_ROW_MULTIPLE) * _CPU_ROW_MULTIPLE)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
+    out = torch.nn.functional.linear(flat, weight)[:rows]
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """fp32 RMSNorm, result in x's dtype (weight None: no scale, as for the per-head q norm)."""
     xf = x.float()

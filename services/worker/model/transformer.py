@@ -5,7 +5,6 @@ The MTP block (`mtp_forward`) reuses the same block code with its own caches.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from services.worker.model import hyper_connections as mhc
 from services.worker.model import numerics
@@ -61,7 +60,7 @@ class DeepseekV4:
         cfg = self.config
         y = mhc.hc_head(h, self.w.hc(prefix, "head"), cfg.hc_eps, cfg.rms_norm_eps)
         y = numerics.rms_norm(y, self.w[prefix + "norm.weight"], cfg.rms_norm_eps)
-        return F.linear(y.float(), self.w["head.weight"])
+        return numerics.linear(y.float(), self.w["head.weight"])
 
     def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor, batch: StepBatch,
                     cache: PagedKvCache, states: dict[int, SequenceState], mtp_index: int = 0
@@ -76,6 +75,6 @@ class DeepseekV4:
         prefix = f"mtp.{mtp_index}."
         e = numerics.rms_norm(self.embed(next_ids), w[prefix + "enorm.weight"], cfg.rms_norm_eps)
         x = numerics.rms_norm(h, w[prefix + "hnorm.weight"], cfg.rms_norm_eps)
-        x = F.linear(e, w[prefix + "e_proj.weight"]).unsqueeze(1) + F.linear(
+        x = numerics.linear(e, w[prefix + "e_proj.weight"]).unsqueeze(1) + numerics.linear(
             x, w[prefix + "h_proj.weight"])
         return self.block(cfg.num_hidden_layers + mtp_index, x, batch, cache, states)
