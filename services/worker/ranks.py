@@ -16,6 +16,7 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -172,7 +173,7 @@ class RankGroup:
     """Owns this host's rank processes, the pipes to them and the TCP store of their process group.
 
     Blocking pipe waits run on one dedicated thread, so commands keep their order and the event loop
-    never blocks. Once a rank has exited, every later call raises `RankGroupError`.
+    never blocks. Once a rank has exited (or `stop` began), every later call raises `RankGroupError`.
     """
 
     def __init__(self, specs_without_port: list[RankSpec], factory: RuntimeFactory) -> None:
@@ -180,12 +181,11 @@ class RankGroup:
         self._factory = factory
         self._ranks: list[_RankProcess] = []
         self._store: Optional[dist.TCPStore] = None
+        # Why the group can no longer run steps (a rank exited, or stop() began); None while healthy.
         self._failure: Optional[str] = None
+        # Spawning and stopping exclude each other, so a stop during start leaves no rank behind.
+        self._spawn_lock = threading.Lock()
         self._commands = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rank-commands")
-
-    @property
-    def failure(self) -> Optional[str]:
-        return self._failure
 
     @property
     def pids(self) -> list[int]:
@@ -222,12 +222,14 @@ class RankGroup:
         context = torch_mp.get_context("spawn")
         for template in self._specs:
             spec = dataclasses.replace(template, store_port=self._store.port)
-            parent_conn, child_conn = context.Pipe()
-            process = context.Process(target=rank_main, args=(spec, self._factory, child_conn),
-                                      name=f"dsv4serve-rank{spec.rank}", daemon=True)
-            process.start()
-            child_conn.close()
-            self._ranks.append(_RankProcess(spec.rank, process, parent_conn))
+            with self._spawn_lock:
+                self._raise_if_failed()
+                parent_conn, child_conn = context.Pipe()
+                process = context.Process(target=rank_main, args=(spec, self._factory, child_conn),
+                                          name=f"dsv4serve-rank{spec.rank}", daemon=True)
+                process.start()
+                child_conn.close()
+                self._ranks.append(_RankProcess(spec.rank, process, parent_conn))
         for rank in self._ranks:
             self._await_ready(rank)
 
@@ -288,12 +290,15 @@ class RankGroup:
             raise RankGroupError(self._failure)
 
     def _stop_blocking(self, timeout_s: float) -> None:
-        for rank in self._ranks:
+        with self._spawn_lock:
+            self._failure = self._failure or "the worker is stopping"
+            ranks = list(self._ranks)
+        for rank in ranks:
             try:
                 rank.conn.send(Shutdown())
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass
-        for rank in self._ranks:
+        for rank in ranks:
             rank.process.join(timeout_s)
             if rank.process.is_alive():
                 rank.process.terminate()
@@ -301,8 +306,8 @@ class RankGroup:
             if rank.process.is_alive():
                 rank.process.kill()
                 rank.process.join()
+        for rank in ranks:
             rank.conn.close()
-        self._ranks.clear()
         self._store = None
 
 
