@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from services.scheduler.errors import ErrorKind
 from services.scheduler.kv_cache import KvCacheManager
@@ -25,6 +25,9 @@ from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReaso
 from services.scheduler.step_plan import (NewSequence, ScheduledRow, StepPlan, StepResult,
                                           TokenMask)
 from services.scheduler.token_commit import commit_sampled_token
+
+
+_FAILED = object()  # sentinel of _mask_or_fail: the request was failed
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,10 @@ class Scheduler:
             if not self._make_room(request, request.num_computed_tokens + num_new, scheduled):
                 blocked.append(request)
                 continue
-            plan.rows.append(self._row(request, num_new))
+            mask = self._mask_or_fail(request, num_new)
+            if mask is _FAILED:
+                continue
+            plan.rows.append(self._row(request, num_new, mask))
             scheduled.add(request.seq_id)
             budget -= num_new
         if not blocked and self.counters.preemptions_total == preemptions_before:
@@ -175,11 +181,14 @@ class Scheduler:
                               f"({request.num_tokens} tokens)")
                     continue
                 return
+            mask = self._mask_or_fail(request, num_new)
+            if mask is _FAILED:
+                continue
             self.waiting.popleft()
             self._next_seq_id += 1
             self._start_sequence(request, seq_id, partition_id)
             plan.new_sequences.append(self._new_sequence(request))
-            plan.rows.append(self._row(request, num_new))
+            plan.rows.append(self._row(request, num_new, mask))
             budget -= num_new
 
     def _start_sequence(self, request: Request, seq_id: int, partition_id: int) -> None:
@@ -199,23 +208,28 @@ class Scheduler:
             logit_bias_token_ids=[t for t, _ in request.logit_bias],
             logit_bias_values=[b for _, b in request.logit_bias])
 
-    def _row(self, request: Request, num_new: int) -> ScheduledRow:
+    def _row(self, request: Request, num_new: int, mask: Optional[TokenMask]) -> ScheduledRow:
         start = request.num_computed_tokens
         new_ids = self.kv.allocate(request.seq_id, request.partition_id, start + num_new)
         append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
         request.num_known_tokens = request.num_tokens
-        sample = start + num_new == request.num_tokens
         return ScheduledRow(
             seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
             append_token_ids=append, new_block_ids=new_ids.get("compressed", []),
-            new_window_block_ids=new_ids.get("window", []), sample=sample,
-            mask=self._mask(request) if sample else None)
+            new_window_block_ids=new_ids.get("window", []),
+            sample=start + num_new == request.num_tokens, mask=mask)
 
-    @staticmethod
-    def _mask(request: Request) -> Optional[TokenMask]:
-        if request.matcher is None:
+    def _mask_or_fail(self, request: Request, num_new: int) -> Union[TokenMask, None, object]:
+        """The grammar mask when this row samples for a constrained request (None otherwise);
+        _FAILED when the matcher raised: that request fails, the step goes on."""
+        if request.matcher is None or request.num_computed_tokens + num_new < request.num_tokens:
             return None
-        row = request.matcher.mask()
+        try:
+            row = request.matcher.mask()
+        except Exception as error:  # a grammar bug must not take the batch down
+            self.fail(request, ErrorKind.INTERNAL,
+                      f"grammar mask failed for request {request.request_id}: {error}")
+            return _FAILED
         if row.allowed_token_ids is not None:
             return TokenMask(allowed_token_ids=list(row.allowed_token_ids))
         return TokenMask(bitmask=bytes(row.bitmask))

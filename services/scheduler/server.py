@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Awaitable, Optional, TypeVar
 
 import grpc
 
@@ -29,6 +29,7 @@ from services.scheduler.worker_client import WorkerSet, WorkerTimeouts
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+T = TypeVar("T")
 _STATUS = {kind: getattr(grpc.StatusCode, kind.value) for kind in ErrorKind}
 
 
@@ -62,7 +63,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Abort(self, request: pb.AbortRequest,
                     context: grpc.aio.ServicerContext) -> pb.AbortResponse:
-        return pb.AbortResponse(found=await self._loop.abort(request.request_id))
+        found = await _or_abort(context, self._loop.abort(request.request_id))
+        return pb.AbortResponse(found=found)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest,
                            context: grpc.aio.ServicerContext) -> pb.GetModelInfoResponse:
@@ -86,16 +88,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def GetSchedulerState(self, request: pb.GetSchedulerStateRequest,
                                 context: grpc.aio.ServicerContext) -> pb.GetSchedulerStateResponse:
-        snapshot = await self._loop.snapshot(request.include_requests)
+        snapshot = await _or_abort(context, self._loop.snapshot(request.include_requests))
         return state_to_proto(snapshot, self._workers.statuses())
 
     async def GetRequestState(self, request: pb.GetRequestStateRequest,
                               context: grpc.aio.ServicerContext) -> pb.GetRequestStateResponse:
-        snapshot = await self._loop.request_snapshot(request.request_id)
+        snapshot = await _or_abort(context, self._loop.request_snapshot(request.request_id))
         if snapshot is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no live request with id {request.request_id!r}")
         return request_state_to_proto(snapshot)
+
+
+async def _or_abort(context: grpc.aio.ServicerContext, query: Awaitable[T]) -> T:
+    """The query's answer, or the call ends with the status of its SchedulerError."""
+    try:
+        return await query
+    except SchedulerError as error:
+        await context.abort(_STATUS[error.kind], error.message)
 
 
 @dataclass
@@ -154,6 +164,8 @@ async def start_scheduler_server(config: SchedulerConfig, *,
         config.host, config.port, [SERVICE_NAME],
         lambda server: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server))
     loop_task = asyncio.get_running_loop().create_task(loop.run(), name="step loop")
+    # A crashed step loop (logged by it) must not leave health SERVING.
+    loop_task.add_done_callback(lambda task: task.cancelled() or flip_health(False))
     workers.start()
     return RunningScheduler(running_server, loop, workers, loop_task)
 

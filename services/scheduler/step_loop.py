@@ -47,6 +47,8 @@ class StepLoop:
         self._compiles: dict[str, asyncio.Task] = {}
         self._arrivals = itertools.count()
         self._counters = SchedulerCounters()
+        self._stopped = False  # set when `run` ends (cancelled or crashed): commands never run
+        self._pending_replies: set[asyncio.Future] = set()
         self._scheduler: Optional[Scheduler] = None
         self._description: Optional[WorkerDescription] = None
         # Built in a thread once the first handshake told vocab and EOS (loading the tokenizer
@@ -57,6 +59,9 @@ class StepLoop:
 
     # ---- called from other tasks (servicer, worker client); each enqueues a command ----------
     def submit(self, params: GenerateParams, emit: EventSink) -> None:
+        if self._stopped:
+            emit(FailedEvent(ErrorKind.UNAVAILABLE, "the scheduler's step loop has stopped"))
+            return
         self._commands.put_nowait(lambda: self._on_submit(params, emit))
 
     async def abort(self, request_id: str) -> bool:
@@ -82,7 +87,11 @@ class StepLoop:
         self._commands.put_nowait(lambda: self._on_workers_lost(reason))
 
     async def _ask(self, query: Callable[[], Any]) -> Any:
+        if self._stopped:
+            raise SchedulerError(ErrorKind.UNAVAILABLE, "the scheduler's step loop has stopped")
         reply: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending_replies.add(reply)
+        reply.add_done_callback(self._pending_replies.discard)
         self._commands.put_nowait(lambda: reply.set_result(query()))
         return await reply
 
@@ -100,7 +109,11 @@ class StepLoop:
             log.exception("the step loop crashed; failing every live request")
             raise
         finally:
+            self._stopped = True
             self._release_everything()
+            for reply in list(self._pending_replies):
+                reply.set_exception(SchedulerError(ErrorKind.UNAVAILABLE,
+                                                   "the scheduler's step loop has stopped"))
 
     def _run_pending_commands(self) -> None:
         while not self._commands.empty():

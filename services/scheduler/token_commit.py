@@ -26,6 +26,16 @@ class CommitOutcome:
 
 
 def commit_sampled_token(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
+    """Commit, stream and stop-check; a matcher that raises fails only this request."""
+    try:
+        return _commit(request, token_id, limits)
+    except Exception as error:  # a grammar bug must not take the batch down
+        request.grammar_status = f"error: {error}"
+        return CommitOutcome(error=f"grammar failed on token {token_id} for request "
+                                   f"{request.request_id}: {error}")
+
+
+def _commit(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
     matcher = request.matcher
     if matcher is not None and not matcher.accept(token_id):
         request.grammar_status = f"error: refused token {token_id}"

@@ -214,5 +214,21 @@ class TestGrammar:
         assert finished(rec_good).completion_tokens == 5 and grammar.live_matchers == 0
 
 
+    def test_matcher_that_raises_fails_only_its_request(self):
+        grammar = FakeGrammarService(EOS_TOKEN_ID)
+        scheduler = make_scheduler()
+        broken_matcher = grammar.matcher(grammar_compiled("[[3]]"))
+        broken_matcher.mask = lambda: 1 / 0
+        broken, rec_broken = make_request("broken", [5, 6, 7], max_tokens=5,
+                                          constraint=CONSTRAINT, matcher=broken_matcher)
+        good, rec_good = make_request("good", [5, 6, 7], max_tokens=5)
+        scheduler.add(broken)
+        scheduler.add(good)
+        run_until_idle(scheduler)
+        assert rec_broken.events[-1].kind is ErrorKind.INTERNAL
+        assert "grammar mask failed" in rec_broken.events[-1].message
+        assert finished(rec_good).completion_tokens == 5 and grammar.live_matchers == 0
+
+
 def grammar_compiled(spec: str):
     return asyncio.run(FakeGrammarService(EOS_TOKEN_ID).compile("json_schema", spec))
