@@ -39,14 +39,16 @@ def make_scheduler(num_running: int) -> Scheduler:
 
 def answer(plan: StepPlan, step: int) -> StepResult:
     """A worker's answer: any non-EOS token per sampled row (the scheduler does not care which)."""
-    return StepResult(plan.step_id, [RowResult(row.seq_id, 2 + (row.seq_id * 7919 + step) % (VOCAB - 2))
-                                     for row in plan.rows if row.sample])
+    return StepResult(plan.step_id,
+                      [RowResult(row.seq_id, 2 + (row.seq_id * 7919 + step) % (VOCAB - 2))
+                       for row in plan.rows if row.sample])
 
 
 def bench(num_running: int, steps: int) -> dict[str, float]:
     scheduler = make_scheduler(num_running)
     for i in range(num_running):
-        scheduler.add(Request(request_id=f"r{i}", prompt_token_ids=[2 + (i + j) % 1000 for j in range(PROMPT_LEN)],
+        prompt = [2 + (i + j) % 1000 for j in range(PROMPT_LEN)]
+        scheduler.add(Request(request_id=f"r{i}", prompt_token_ids=prompt,
                               max_tokens=steps + 10, logit_bias=(), ignore_eos=False,
                               constraint=None, emit=lambda event: None, arrival=i))
     prefill = scheduler.schedule()

@@ -25,7 +25,8 @@ def admit(params: GenerateParams, limits: AdmissionLimits, arrival: int,
     room = limits.max_model_len - prompt_len
     asked = params.max_tokens if params.max_tokens is not None else limits.default_max_new_tokens
     if asked < 1:
-        raise SchedulerError(ErrorKind.INVALID_ARGUMENT, f"max_tokens must be at least 1, got {asked}")
+        raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
+                             f"max_tokens must be at least 1, got {asked}")
     if params.ignore_eos and params.constraint is not None:
         raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
                              "ignore_eos is only supported for unconstrained requests")
@@ -52,7 +53,8 @@ def _check_prompt(params: GenerateParams, limits: AdmissionLimits) -> None:
     bad = next((t for t in params.prompt_token_ids if t >= limits.vocab_size), None)
     if bad is not None:
         raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
-                             f"prompt token id {bad} is outside the vocabulary (size {limits.vocab_size})")
+                             f"prompt token id {bad} is outside the vocabulary "
+                             f"(size {limits.vocab_size})")
     bad_bias = next((t for t, _ in params.logit_bias if t >= limits.vocab_size), None)
     if bad_bias is not None:
         raise SchedulerError(ErrorKind.INVALID_ARGUMENT,

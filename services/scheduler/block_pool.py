@@ -44,7 +44,7 @@ class BlockPool:
             self._free.append(block_id)
 
     def check_integrity(self) -> None:
-        """free + used == total, disjoint, every id in range; raises AssertionError naming the fault."""
+        """free + used == total, disjoint, ids in range; raises AssertionError naming the fault."""
         free = set(self._free)
         assert len(free) == len(self._free), "a block id is on the free list twice"
         assert not free & self._used, f"blocks both free and used: {sorted(free & self._used)[:8]}"

@@ -68,5 +68,5 @@ async def compile_constraint(grammar: GrammarBackend, constraint: ConstraintSpec
     except GrammarUnavailable as error:
         raise SchedulerError(ErrorKind.INVALID_ARGUMENT, str(error)) from None
     except GrammarCompileError as error:
-        raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
-                             f"the {constraint.kind} constraint does not compile: {error}") from None
+        message = f"the {constraint.kind} constraint does not compile: {error}"
+        raise SchedulerError(ErrorKind.INVALID_ARGUMENT, message) from None

@@ -4,9 +4,9 @@ vLLM-v1 style: every running request catches its computed tokens up to its total
 a long catch-up is chunked by `long_prefill_token_threshold` and the step budget
 `max_num_batched_tokens`; a request whose catch-up reaches its last token samples one token.
 
-Cache pressure: an unconstrained request is preempted by recompute (its sequence is dropped and it
-re-queues with prompt + outputs as the new prompt). A constrained request is never preempted: it waits
-while other work in its partition progresses; when nothing in a partition can progress for
+Cache pressure: an unconstrained request is preempted by recompute (its sequence is dropped and
+it re-queues with prompt + outputs as the new prompt). A constrained request is never preempted: it
+waits while other work in its partition progresses; when nothing in a partition can progress for
 `stall_timeout_s`, the youngest blocked request there is rejected with RESOURCE_EXHAUSTED.
 
 Synchronous and single-owner: only the step loop calls it. The clock is injectable for tests.
@@ -261,8 +261,8 @@ class Scheduler:
             request.num_computed_tokens += row.num_new_tokens
             row_result = by_seq.get(row.seq_id)
             if row_result is not None and row_result.error:
-                self.fail(request, ErrorKind.INTERNAL,
-                          f"worker failed the row of request {request.request_id}: {row_result.error}")
+                self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
+                                                       f"{request.request_id}: {row_result.error}")
             elif row.sample:
                 self._commit_sample(request, row_result)
 
@@ -280,7 +280,8 @@ class Scheduler:
             self._finish(request, outcome.finish, outcome.hit_max_model_len)
 
     # ---- release --------------------------------------------------------------------------
-    def _finish(self, request: Request, reason: FinishReason, hit_max_model_len: bool = False) -> None:
+    def _finish(self, request: Request, reason: FinishReason,
+                hit_max_model_len: bool = False) -> None:
         self._release(request)
         request.emit(FinishedEvent(reason, len(request.prompt_token_ids),
                                    len(request.output_token_ids), hit_max_model_len))

@@ -79,7 +79,8 @@ class RequestSnapshot:
 
 
 def snapshot_request(request: Request, kv: Optional[KvCacheManager]) -> RequestSnapshot:
-    sequence = kv.sequence(request.seq_id) if kv is not None and request.seq_id is not None else None
+    has_sequence = kv is not None and request.seq_id is not None
+    sequence = kv.sequence(request.seq_id) if has_sequence else None
     tables = ({name: BlockTable(list(t.block_ids), t.released_prefix)
                for name, t in sequence.tables.items()} if sequence else {})
     return RequestSnapshot(summarize(request), list(request.prompt_token_ids),

@@ -1,8 +1,8 @@
-"""The step loop: the one asyncio task that owns every live request, the queues and the block tables.
+"""The step loop: the one asyncio task that owns every live request, the queues, the block tables.
 
 Everything else talks to it through commands (plain callables run inside the loop task between
-steps), so no state is shared and no locks are needed. The loop never runs a step with nothing to do:
-when the scheduler has no plan it waits for the next command (or the next stall deadline).
+steps), so no state is shared and no locks are needed. The loop never runs a step with nothing to
+do: when the scheduler has no plan it waits for the next command (or the next stall deadline).
 Grammar compilation runs in its own task; its result comes back as a command, so the loop never
 waits on a compile.
 """
@@ -177,8 +177,8 @@ class StepLoop:
         request, admitted = admit(params, limits, next(self._arrivals), emit)
         if not self._scheduler.kv.fits_empty_partition(len(request.prompt_token_ids) + 1):
             raise SchedulerError(ErrorKind.RESOURCE_EXHAUSTED,
-                                 f"the prompt ({len(request.prompt_token_ids)} tokens) can never fit "
-                                 f"the KV cache of one partition")
+                                 f"the prompt ({len(request.prompt_token_ids)} tokens) can never "
+                                 f"fit the KV cache of one partition")
         return request, admitted
 
     def _forgetting(self, request: Request, emit: EventSink) -> EventSink:
@@ -225,8 +225,9 @@ class StepLoop:
             # Keep the stream contract (admitted first), then finish as aborted.
             self._compiles.pop(request_id).cancel()
             request.phase = RequestPhase.FINISHED
-            request.emit(AdmittedEvent(len(request.prompt_token_ids), request.max_tokens, True, False))
-            request.emit(FinishedEvent(FinishReason.ABORT, len(request.prompt_token_ids), 0, False))
+            prompt_tokens = len(request.prompt_token_ids)
+            request.emit(AdmittedEvent(prompt_tokens, request.max_tokens, True, False))
+            request.emit(FinishedEvent(FinishReason.ABORT, prompt_tokens, 0, False))
         else:
             self._scheduler.abort(request)
         return True

@@ -31,7 +31,7 @@ class TokenMask:
 
 @dataclass
 class ScheduledRow:
-    """Compute `num_new_tokens` positions from `num_computed_tokens`; see worker.proto ScheduledRow."""
+    """Compute `num_new_tokens` positions from `num_computed_tokens` (worker.proto ScheduledRow)."""
 
     seq_id: int
     num_computed_tokens: int

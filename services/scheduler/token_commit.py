@@ -1,9 +1,10 @@
 """Committing one sampled token to a request: grammar acceptance, forced continuation, stop checks.
 
-Order matters: the matcher must accept the sampled token before anything is streamed (a refusal fails
-only this request); EOS ends an unconstrained request unless `ignore_eos`, and a constrained one only
-when the grammar has terminated; grammar-forced tokens are committed right after the sampled token so
-the next row computes them together. EOS is counted in completion tokens but never streamed.
+Order matters: the matcher must accept the sampled token before anything is streamed (a refusal
+fails only this request); EOS ends an unconstrained request unless `ignore_eos`, and a constrained
+one only when the grammar has terminated; grammar-forced tokens are committed right after the
+sampled token so the next row computes them together. EOS is counted in completion tokens but never
+streamed.
 """
 from __future__ import annotations
 

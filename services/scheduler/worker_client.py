@@ -124,7 +124,8 @@ class WorkerConnection:
             raise WorkerLost(f"worker {self.address} did not answer step {request.step_id} "
                              f"within {timeout_s:g}s") from None
         except grpc.aio.AioRpcError as error:
-            raise WorkerLost(f"worker {self.address}: {error.code().name}: {error.details()}") from None
+            message = f"worker {self.address}: {error.code().name}: {error.details()}"
+            raise WorkerLost(message) from None
         except asyncio.InvalidStateError:  # writing to a stream the worker already ended
             raise WorkerLost(f"worker {self.address} ended its Step stream: "
                              f"{(await stream.code()).name}: {await stream.details()}") from None
@@ -211,8 +212,9 @@ class WorkerSet:
             return
         first = self._connections[0].description
         partitions = sorted({p for c in self._connections for p in c.description.partition_ids})
-        self.description = replace(first, partition_ids=tuple(partitions), max_num_batched_tokens=min(
-            c.description.max_num_batched_tokens for c in self._connections))
+        budget = min(c.description.max_num_batched_tokens for c in self._connections)
+        self.description = replace(first, partition_ids=tuple(partitions),
+                                   max_num_batched_tokens=budget)
         for connection in self._connections:
             connection.open_stream()
         self.ready = True
@@ -258,8 +260,7 @@ class WorkerSet:
     async def _probe(self) -> None:
         """A worker that refuses or is gone is lost at once; one that is only slow to answer is
         lost after PROBE_TIMEOUTS_TO_LOSE probes in a row (a loaded host is not a dead one)."""
-        outcomes = await asyncio.gather(
-            *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
+        outcomes = await self._describe_all()
         for connection, outcome in zip(self._connections, outcomes):
             if not isinstance(outcome, WorkerUnreachable):
                 connection.probe_timeouts = 0
@@ -268,6 +269,11 @@ class WorkerSet:
             if not outcome.timed_out or connection.probe_timeouts >= PROBE_TIMEOUTS_TO_LOSE:
                 self._lose(connection, f"probe failed: {outcome}")
                 return
+
+    async def _describe_all(self) -> list:
+        """Each worker's description or its WorkerUnreachable."""
+        probes = (c.describe(self._timeouts.probe_s) for c in self._connections)
+        return await asyncio.gather(*probes, return_exceptions=True)
 
     def _lose(self, connection: WorkerConnection, reason: str) -> None:
         connection.error = reason
@@ -306,8 +312,7 @@ class WorkerSet:
 
     async def check_ready(self) -> Readiness:
         """A fresh Describe round trip to every worker (short timeout)."""
-        outcomes = await asyncio.gather(
-            *(c.describe(self._timeouts.probe_s) for c in self._connections), return_exceptions=True)
+        outcomes = await self._describe_all()
         failures = [str(o) for o in outcomes if isinstance(o, WorkerUnreachable)]
         if failures:
             reason = "; ".join(failures)

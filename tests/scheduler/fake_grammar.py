@@ -1,8 +1,8 @@
 """A fake grammar service with the interface of `services.scheduler.grammar`.
 
-A "grammar" is a JSON list of allowed-token lists, one per output position, then EOS. A position with
-exactly one allowed token is forced (returned by `forced_tokens`). The spec "refuse" compiles to a
-matcher that refuses every token; invalid JSON raises GrammarCompileError.
+A "grammar" is a JSON list of allowed-token lists, one per output position, then EOS. A position
+with exactly one allowed token is forced (returned by `forced_tokens`). The spec "refuse" compiles
+to a matcher that refuses every token; invalid JSON raises GrammarCompileError.
 """
 from __future__ import annotations
 

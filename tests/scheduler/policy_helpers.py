@@ -66,7 +66,8 @@ def simulate(scheduler: Scheduler, plan: StepPlan, eos_after: Optional[int] = No
             continue
         request = scheduler.request_for_seq(row.seq_id)
         tokens = request.tokens_in_range(0, request.num_tokens)
-        token = EOS_TOKEN_ID if eos_after is not None and tokens[-1] == eos_after else next_token(tokens)
+        eos_now = eos_after is not None and tokens[-1] == eos_after
+        token = EOS_TOKEN_ID if eos_now else next_token(tokens)
         if row.mask is not None and token not in row.mask.allowed_token_ids:
             token = min(row.mask.allowed_token_ids)
         results.append(RowResult(row.seq_id, token))

@@ -39,7 +39,8 @@ class TestBlockPool:
             pool.check_integrity()
 
 
-def make_kv(num_blocks: int = 16, window_blocks: int = 8, sliding_window: int = 8) -> KvCacheManager:
+def make_kv(num_blocks: int = 16, window_blocks: int = 8,
+            sliding_window: int = 8) -> KvCacheManager:
     groups = (BlockGroupSpec("window", window_blocks, sliding_window),
               BlockGroupSpec("compressed", num_blocks, 0))
     return KvCacheManager(4, {0: groups, 1: groups})
@@ -51,7 +52,8 @@ class TestKvCacheManager:
         new = kv.allocate(seq_id=1, partition_id=0, num_tokens=5)
         assert {g: len(ids) for g, ids in new.items()} == {"window": 2, "compressed": 2}
         assert kv.allocate(1, 0, 8) == {"window": [], "compressed": []}
-        assert {g: len(ids) for g, ids in kv.allocate(1, 0, 9).items()} == {"window": 1, "compressed": 1}
+        grown = kv.allocate(1, 0, 9)
+        assert {g: len(ids) for g, ids in grown.items()} == {"window": 1, "compressed": 1}
         kv.check_integrity()
 
     def test_window_blocks_older_than_the_window_are_released(self):

@@ -59,8 +59,8 @@ def test_real_worker_batching_matches_alone_and_constraints_run(tiny_model_dir: 
                                               for i, p in enumerate(prompts)))
             assert [tokens_of(m) for m in together] == alone
             assert all(len(tokens) == 4 for tokens in alone)
-            constrained = await stack.generate(
-                "json", prompts[0], 8, constraint=pb.Constraint(type=pb.CONSTRAINT_TYPE_JSON_OBJECT))
+            json_object = pb.Constraint(type=pb.CONSTRAINT_TYPE_JSON_OBJECT)
+            constrained = await stack.generate("json", prompts[0], 8, constraint=json_object)
             assert constrained[0].admitted.constrained
             assert constrained[-1].HasField("finished")
             state = await stack.wait_idle()

@@ -200,7 +200,8 @@ def test_admission_errors_are_invalid_argument_naming_the_problem():
             with pytest.raises(grpc.aio.AioRpcError) as too_long:
                 await stack.generate("long", list(range(2, 66)), 4)
             assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "64 tokens" in too_long.value.details() and "max_model_len is 64" in too_long.value.details()
+            details = too_long.value.details()
+            assert "64 tokens" in details and "max_model_len is 64" in details
             with pytest.raises(grpc.aio.AioRpcError) as empty:
                 await stack.generate("empty", [], 4)
             assert empty.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -249,7 +250,8 @@ def test_request_state_shows_tokens_and_block_tables():
             call = stack.stub.Generate(make_request("watched", list(range(2, 30)), 300))
             await call.read()
             await call.read()
-            state = await stack.stub.GetRequestState(pb.GetRequestStateRequest(request_id="watched"))
+            query = pb.GetRequestStateRequest(request_id="watched")
+            state = await stack.stub.GetRequestState(query)
             assert state.summary.phase == pb.REQUEST_PHASE_RUNNING
             assert list(state.prompt_token_ids) == list(range(2, 30)) and state.max_tokens == 300
             tables = {t.group: t for t in state.block_tables}
@@ -266,9 +268,9 @@ def test_health_and_reflection_list_the_services():
     async def scenario():
         async with running_stack() as stack:
             health = health_pb2_grpc.HealthStub(stack.channel)
-            status = await wait_for(
-                lambda: health.Check(health_pb2.HealthCheckRequest(service="dsv4serve.v1.Scheduler")),
-                lambda r: r.status == health_pb2.HealthCheckResponse.SERVING)
+            check = health_pb2.HealthCheckRequest(service="dsv4serve.v1.Scheduler")
+            status = await wait_for(lambda: health.Check(check),
+                                    lambda r: r.status == health_pb2.HealthCheckResponse.SERVING)
             assert status.status == health_pb2.HealthCheckResponse.SERVING
             reflection = reflection_pb2_grpc.ServerReflectionStub(stack.channel)
             call = reflection.ServerReflectionInfo()
