@@ -37,6 +37,25 @@ def test_generate_streams_admitted_then_tokens_then_finished():
     asyncio.run(scenario())
 
 
+def test_logit_bias_travels_once_with_the_new_sequence_and_counters_add_up():
+    async def scenario():
+        async with running_stack() as stack:
+            request = make_request("biased", [5, 6, 7], 3)
+            request.sampling.logit_bias.add(token_id=42, bias=-2.5)
+            messages = [m async for m in stack.stub.Generate(request)]
+            steps = stack.workers[0].worker.step_requests
+            new_sequences = [n for step in steps for n in step.new_sequences]
+            assert len(new_sequences) == 1
+            assert list(new_sequences[0].logit_bias_token_ids) == [42]
+            assert list(new_sequences[0].logit_bias_values) == [-2.5]
+            state = await stack.wait_idle()
+            assert state.prompt_tokens_total == 3 and state.generation_tokens_total == 3
+            assert state.steps_total == len(steps)  # the last one only finishes the sequence
+            assert list(steps[-1].finished_seq_ids) == [new_sequences[0].seq_id] and not steps[-1].rows
+            assert messages[-1].finished.completion_tokens == 3
+    asyncio.run(scenario())
+
+
 def test_sixteen_concurrent_requests_equal_each_alone():
     prompts = [[(7 * i + j) % 500 + 2 for j in range(3 + 5 * i)] for i in range(16)]
     lengths = [20 + 3 * i for i in range(16)]
