@@ -142,7 +142,12 @@ def build_constraint(body: dict[str, Any], thinking: bool) -> Optional[Constrain
 class _Tool:
     name: str
     strict: bool
-    invoke: dict[str, Any]   # the invoke's structural-tag format
+    parameters: Any
+    path: str   # JSON path of the tool's parameters, for errors
+
+    def invoke(self) -> dict[str, Any]:
+        """The invoke's structural-tag format (checks the schema: may raise ConstraintError)."""
+        return _invoke(self.name, self.parameters, _SchemaChecker(self.name, self.path))
 
 
 def _declared_tools(body: dict[str, Any]) -> dict[str, _Tool]:
@@ -163,9 +168,8 @@ def _declared_tools(body: dict[str, Any]) -> dict[str, _Tool]:
                                   "'-'", f"{path}.function.name")
         if name in tools:
             raise ConstraintError(f"tool '{name}' is declared twice", f"{path}.function.name")
-        builder = _SchemaChecker(name, f"{path}.function.parameters")
-        tools[name] = _Tool(name, function.get("strict") is True,
-                            _invoke(name, function.get("parameters"), builder))
+        tools[name] = _Tool(name, function.get("strict") is True, function.get("parameters"),
+                            f"{path}.function.parameters")
     return tools
 
 
@@ -255,7 +259,7 @@ def _with_reasoning(fmt: dict[str, Any], thinking: bool) -> dict[str, Any]:
 
 
 def _calls(tools: list[_Tool], parallel: bool) -> dict[str, Any]:
-    one_call = _one_of([tool.invoke for tool in tools])
+    one_call = _one_of([tool.invoke() for tool in tools])
     return {"type": "plus", "content": one_call} if parallel else one_call
 
 

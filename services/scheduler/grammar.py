@@ -188,10 +188,10 @@ class RequestMatcher:
         self._on_release: Optional[Callable[[], None]] = on_release
 
     def mask(self) -> MaskRow:
-        allowed = self._fill_mask()
-        if allowed.size <= SHORT_MASK_MAX_IDS:
-            return MaskRow(int(allowed.size), allowed_token_ids=allowed.tolist())
-        return MaskRow(int(allowed.size), bitmask=self._bitmask.numpy().astype("<i4").tobytes())
+        count = self._fill_mask()
+        if count <= SHORT_MASK_MAX_IDS:
+            return MaskRow(count, allowed_token_ids=self._allowed_ids().tolist())
+        return MaskRow(count, bitmask=self._bitmask.numpy().astype("<i4", copy=False).tobytes())
 
     def accept(self, token_id: int) -> bool:
         return bool(self._matcher.accept_token(token_id))
@@ -206,14 +206,12 @@ class RequestMatcher:
         """
         forced: list[int] = []
         while len(forced) < limit and not self._matcher.is_terminated():
-            allowed = self._fill_mask()
-            if allowed.size == 1 and int(allowed[0]) != self._eos_token_id:
-                token = int(allowed[0])
-                if not self._matcher.accept_token(token):
+            if self._fill_mask() == 1:
+                token = int(self._allowed_ids()[0])
+                if token == self._eos_token_id or not self._matcher.accept_token(token):
                     break
                 forced.append(token)
-                continue
-            if not self._accept_jump_forward(forced, limit):
+            elif not self._accept_jump_forward(forced, limit):
                 break
         return forced
 
@@ -241,11 +239,21 @@ class RequestMatcher:
             taken += 1
         return taken > 0
 
-    def _fill_mask(self) -> np.ndarray:
-        """Allowed token ids (ascending), with the bitmask buffer left filled."""
+    def _fill_mask(self) -> int:
+        """Fills the bitmask buffer for the next position; returns the number of allowed tokens."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        bits = np.unpackbits(self._bitmask.numpy().view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[:self._vocab_size])
+        return int(np.bitwise_count(self._words()).sum())
+
+    def _allowed_ids(self) -> np.ndarray:
+        """Allowed token ids (ascending) of the filled bitmask."""
+        words = self._words()
+        nonzero = np.flatnonzero(words)
+        bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
+        ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]
+        return ids[ids < self._vocab_size]
+
+    def _words(self) -> np.ndarray:
+        return self._bitmask.numpy().view(np.uint32)[0]
 
 
 def _first_line(exc: BaseException) -> str:
