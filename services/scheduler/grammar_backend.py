@@ -55,9 +55,11 @@ def grammar_factory(config: SchedulerConfig) -> GrammarFactory:
         try:
             return GrammarService(config.model_dir, description.vocab_size,
                                   description.eos_token_id, config.grammar_compile_threads)
-        except (OSError, ValueError) as error:
-            log.error("constrained decoding disabled: %s", error)
-            return UnavailableGrammar(f"constrained decoding is unavailable: {error}")
+        except Exception as error:  # tokenizers raises a bare Exception for a missing file
+            reason = (f"constrained decoding is unavailable: the grammar service could not start "
+                      f"from {config.model_dir}: {error}")
+            log.error("%s", reason)
+            return UnavailableGrammar(reason)
     return build
 
 

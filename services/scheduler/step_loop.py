@@ -191,11 +191,15 @@ class StepLoop:
         return forward
 
     async def _compile(self, request: Request, admitted: AdmittedEvent) -> None:
-        grammar = await asyncio.shield(self._grammar_build)
         try:
+            grammar = await asyncio.shield(self._grammar_build)
             compiled = await compile_constraint(grammar, request.constraint)
         except SchedulerError as error:
             failure = error  # `error` is unbound when the except block ends
+            self._commands.put_nowait(lambda: self._on_compile_failed(request, failure))
+        except Exception as error:  # a grammar bug: fail this request, never leave it pending
+            log.exception("compiling the constraint of request %s failed", request.request_id)
+            failure = SchedulerError(ErrorKind.INTERNAL, f"grammar compile failed: {error}")
             self._commands.put_nowait(lambda: self._on_compile_failed(request, failure))
         else:
             self._commands.put_nowait(

@@ -211,6 +211,8 @@ class WorkerSet:
         if not all(handshakes):
             return
         first = self._connections[0].description
+        if not self._same_block_groups(first):
+            return
         partitions = sorted({p for c in self._connections for p in c.description.partition_ids})
         budget = min(c.description.max_num_batched_tokens for c in self._connections)
         self.description = replace(first, partition_ids=tuple(partitions),
@@ -220,6 +222,18 @@ class WorkerSet:
         self.ready = True
         log.info("all %d workers connected; partitions %s", len(self._connections), partitions)
         self._on_ready(self.description)
+
+    def _same_block_groups(self, first: WorkerDescription) -> bool:
+        """Every partition gets the first worker's block capacity, so all must report the same."""
+        for connection in self._connections[1:]:
+            if connection.description.block_groups != first.block_groups:
+                connection.error = (
+                    f"worker {connection.address} refused: its block groups "
+                    f"{connection.description.block_groups} differ from worker "
+                    f"{self._connections[0].address}'s {first.block_groups}")
+                connection.description = None
+                return False
+        return True
 
     async def _handshake(self, connection: WorkerConnection) -> bool:
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,6 +81,12 @@ async def wait_for(fetch: Callable[[], Awaitable], done: Callable[[object], bool
         if time.monotonic() > end:
             raise AssertionError(f"condition not met within {deadline_s}s; last value:\n{value}")
         await asyncio.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def scheduler_config(addresses: tuple[str, ...], **overrides) -> SchedulerConfig:

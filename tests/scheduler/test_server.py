@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.build_info import ABI_VERSION
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
+from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc as pb_grpc
 from services.scheduler.worker_client import WorkerTimeouts
 from tests.scheduler.fake_worker import EOS_TOKEN_ID, FakeWorkerSpec, start_fake_worker
 from tests.scheduler.grpc_harness import make_request, read_rest, running_stack, wait_for
@@ -51,7 +52,8 @@ def test_logit_bias_travels_once_with_the_new_sequence_and_counters_add_up():
             state = await stack.wait_idle()
             assert state.prompt_tokens_total == 3 and state.generation_tokens_total == 3
             assert state.steps_total == len(steps)  # the last one only finishes the sequence
-            assert list(steps[-1].finished_seq_ids) == [new_sequences[0].seq_id] and not steps[-1].rows
+            assert list(steps[-1].finished_seq_ids) == [new_sequences[0].seq_id]
+            assert not steps[-1].rows
             assert messages[-1].finished.completion_tokens == 3
     asyncio.run(scenario())
 
@@ -213,6 +215,17 @@ def test_fingerprint_mismatch_with_the_first_worker_is_refused():
     asyncio.run(scenario())
 
 
+def test_workers_with_different_block_capacity_are_refused():
+    async def scenario():
+        specs = (FakeWorkerSpec(partition_ids=(0,)),
+                 FakeWorkerSpec(partition_ids=(1,), num_blocks=99))
+        async with running_stack(specs, wait_ready=False) as stack:
+            ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
+                                   lambda r: "block groups" in r.reason)
+            assert not ready.ready and "num_blocks=99" in ready.reason
+    asyncio.run(scenario())
+
+
 def test_admission_errors_are_invalid_argument_naming_the_problem():
     async def scenario():
         async with running_stack(max_model_len=64) as stack:
@@ -278,6 +291,31 @@ def test_request_state_shows_tokens_and_block_tables():
             assert tables["window"].released_prefix > 0
             call.cancel()
             await stack.wait_idle()
+    asyncio.run(scenario())
+
+
+def test_serve_sets_started_and_stops_when_cancelled():
+    from services.scheduler.server import serve
+    from tests.scheduler.grpc_harness import free_port, scheduler_config
+
+    async def scenario():
+        fake = await start_fake_worker(FakeWorkerSpec())
+        port = free_port()
+        started = asyncio.Event()
+        task = asyncio.create_task(serve(scheduler_config((fake.address,), port=port),
+                                         started=started))
+        try:
+            await asyncio.wait_for(started.wait(), 20)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = pb_grpc.SchedulerStub(channel)
+                ready = await wait_for(lambda: stub.CheckReady(pb.CheckReadyRequest()),
+                                       lambda r: r.ready)
+                assert ready.workers[0].address == fake.address
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await fake.stop()
+        assert task.done()
     asyncio.run(scenario())
 
 
