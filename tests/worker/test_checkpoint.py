@@ -191,7 +191,8 @@ def test_hf_style_alias_copy_without_index_loads_identically(
         tiny_weights: dict[str, torch.Tensor]) -> None:
     with CheckpointReader(tiny_model_dir) as reader:
         renamed = {hf_style(name): reader.load_raw(name) for name in reader.names()}
-    assert native_name("model.layers.1.mlp.gate.e_score_correction_bias") == "layers.1.ffn.gate.bias"
+    alias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert native_name(alias) == "layers.1.ffn.gate.bias"
     save_file(renamed, str(tmp_path / "model.safetensors"))
     with CheckpointReader(tmp_path) as reader:
         assert "layers.1.attn.wq_a.scale" in reader

@@ -18,11 +18,12 @@ def test_flash_config_parses_with_derived_sizes() -> None:
     config = ModelConfig.from_dict(flash())
     assert config.hidden_size == 4096 and config.num_attention_heads == 64
     assert config.num_layers_total == 44
-    assert config.layer_ratio(0) == 0 and config.layer_ratio(2) == 4 and config.layer_ratio(3) == 128
+    assert [config.layer_ratio(i) for i in range(4)] == [0, 0, 4, 128]
     assert config.layer_ratio(43) == 0  # the MTP block
     assert config.hc_mix_size == 24
     assert config.qk_nope_head_dim == 448
-    assert config.rope_scaling.factor == 16 and config.rope_scaling.original_max_position_embeddings == 65536
+    assert config.rope_scaling.factor == 16
+    assert config.rope_scaling.original_max_position_embeddings == 65536
     assert config.quantization_config.weight_block_size == (128, 128)
     assert config.expert_dtype == "fp4"
     assert [config.is_hash_layer(i) for i in range(4)] == [True, True, True, False]

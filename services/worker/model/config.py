@@ -2,8 +2,8 @@
 
 Field names are the `config.json` keys verbatim, so a reader of the checkpoint and of this file see
 the same words. Parsing rejects everything the runtime cannot serve (another model type, another
-router, several KV heads, unknown compression ratios or quantization) with a `ConfigError` that names
-the offending field; unknown extra keys are ignored.
+router, several KV heads, unknown compression ratios or quantization) with a `ConfigError` that
+names the offending field; unknown extra keys are ignored.
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class ModelConfig:
         return self.quantization_config.weight_block_size
 
     def layer_ratio(self, layer_id: int) -> int:
-        """Compression ratio of layer `layer_id` (MTP blocks follow the main layers): 0, 4 or 128."""
+        """Compression ratio (0, 4 or 128) of layer `layer_id` (MTP blocks follow the main)."""
         return self.compress_ratios[layer_id]
 
     def is_hash_layer(self, layer_id: int) -> bool:
@@ -151,7 +151,7 @@ class ModelConfig:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the parsed fields (extra config.json keys do not count)."""
+        """sha256 of the canonical JSON of the parsed fields (unknown config.json keys excluded)."""
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -284,11 +284,13 @@ def _validate(config: ModelConfig) -> None:
            f"must be 1 (one shared K/V vector), got {config.num_key_value_heads}")
     for name in _INT_FIELDS:
         if name not in ("bos_token_id", "eos_token_id", "num_hash_layers"):
-            _check(getattr(config, name) > 0, name, f"must be positive, got {getattr(config, name)}")
+            value = getattr(config, name)
+            _check(value > 0, name, f"must be positive, got {value}")
     _check(config.num_mtp_layers >= 0, "num_nextn_predict_layers", "must not be negative")
     _check(len(config.compress_ratios) == config.num_layers_total, "compress_ratios",
            f"needs one entry per layer incl. MTP ({config.num_hidden_layers} + "
-           f"{config.num_mtp_layers} = {config.num_layers_total}), got {len(config.compress_ratios)}")
+           f"{config.num_mtp_layers} = {config.num_layers_total}), "
+           f"got {len(config.compress_ratios)}")
     bad = sorted(set(config.compress_ratios) - SUPPORTED_COMPRESS_RATIOS)
     _check(not bad, "compress_ratios", f"unsupported ratios {bad} (only 0, 4, 128)")
     _check(config.head_dim % config.o_groups == 0, "o_groups",

@@ -103,7 +103,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def _pow2_exponent_at_least(x: torch.Tensor) -> torch.Tensor:
     """Integer e with 2**e the smallest power of two >= x (x <= 0 treated as the tiniest scale)."""
-    mantissa, exponent = torch.frexp(x)              # x = mantissa * 2**exponent, mantissa in [.5, 1)
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, mantissa in [.5, 1)
     exponent = exponent - (mantissa == 0.5).to(exponent.dtype)   # exact powers of two stay
     exponent = torch.where(x > 0, exponent, torch.full_like(exponent, -E8M0_BIAS))
     return exponent.clamp(-E8M0_BIAS, E8M0_BIAS)
@@ -128,7 +128,7 @@ def _e2m1_codes(values: torch.Tensor) -> torch.Tensor:
 
 
 def _e4m3_to_float(weight: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn -> float32 through a 256-entry table (several times faster than `.to` on CPU)."""
+    """float8_e4m3fn -> float32 through a 256-entry table (faster than `.to` on CPU)."""
     table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
     byte_index = weight.view(torch.uint8).reshape(-1).to(torch.int32)
     values = table.to(torch.float32).to(weight.device).index_select(0, byte_index)
