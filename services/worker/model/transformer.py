@@ -60,7 +60,9 @@ class DeepseekV4:
         cfg = self.config
         y = mhc.hc_head(h, self.w.hc(prefix, "head"), cfg.hc_eps, cfg.rms_norm_eps)
         y = numerics.rms_norm(y, self.w[prefix + "norm.weight"], cfg.rms_norm_eps)
-        return numerics.linear(y.float(), self.w["head.weight"])
+        # The head is the last op: no padding to batch-invariant row counts (its per-row noise
+        # cannot propagate, and padding would multiply the largest GEMM of a decode step).
+        return torch.nn.functional.linear(y.float(), self.w["head.weight"])
 
     def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor, batch: StepBatch,
                     cache: PagedKvCache, states: dict[int, SequenceState], mtp_index: int = 0
