@@ -1,0 +1,88 @@
+"""Greedy sampling: logit bias is added before the grammar mask; both mask layouts select the
+same tokens; a row whose mask allows nothing fails alone."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
+from services.worker.model.sampling import NoAllowedToken, greedy_sample, unpack_bitmask
+
+VOCAB = 100
+
+
+def bitmask_of(allowed: list[int], vocab: int = VOCAB) -> torch.Tensor:
+    """XGrammar layout: bit i of int32 word w allows token 32·w + i."""
+    words = [0] * ((vocab + 31) // 32)
+    for token in allowed:
+        words[token // 32] |= 1 << (token % 32)
+    # Two's complement: bit 31 set makes the int32 word negative.
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+@pytest.fixture()
+def logits() -> torch.Tensor:
+    values = torch.linspace(-1.0, 1.0, VOCAB)
+    values[42] = 5.0          # the unconstrained winner
+    values[7] = 4.0
+    values[63] = 3.0          # bit 31 of word 1
+    return values
+
+
+def test_unconstrained_row_takes_the_argmax(logits: torch.Tensor) -> None:
+    assert greedy_sample(logits) == 42
+
+
+def test_logit_bias_moves_the_argmax(logits: torch.Tensor) -> None:
+    bias = (torch.tensor([42, 7]), torch.tensor([-10.0, 0.5]))
+    assert greedy_sample(logits, logit_bias=bias) == 7
+
+
+def test_allowed_ids_restrict_the_choice(logits: torch.Tensor) -> None:
+    assert greedy_sample(logits, allowed_token_ids=torch.tensor([3, 7, 63])) == 7
+
+
+def test_bitmask_layout_matches_the_id_list(logits: torch.Tensor) -> None:
+    for allowed in ([63], [7, 63], [0, 31, 32, 99], [98, 99]):
+        by_ids = greedy_sample(logits, allowed_token_ids=torch.tensor(allowed))
+        by_bits = greedy_sample(logits, token_bitmask=bitmask_of(allowed))
+        assert by_bits == by_ids
+        assert by_bits in allowed
+    unpacked = unpack_bitmask(bitmask_of([0, 31, 63, 99]), VOCAB)
+    assert torch.nonzero(unpacked).flatten().tolist() == [0, 31, 63, 99]
+
+
+def test_bias_cannot_reenable_a_masked_token(logits: torch.Tensor) -> None:
+    bias = (torch.tensor([42]), torch.tensor([100.0]))
+    assert greedy_sample(logits, allowed_token_ids=torch.tensor([7, 63]), logit_bias=bias) == 7
+    bias = (torch.tensor([63]), torch.tensor([2.0]))
+    assert greedy_sample(logits, token_bitmask=bitmask_of([7, 63]), logit_bias=bias) == 63
+
+
+def test_mask_that_allows_nothing_is_an_error(logits: torch.Tensor) -> None:
+    with pytest.raises(NoAllowedToken):
+        greedy_sample(logits, token_bitmask=bitmask_of([]))
+    with pytest.raises(NoAllowedToken):
+        greedy_sample(logits, allowed_token_ids=torch.tensor([], dtype=torch.int64))
+
+
+def test_empty_mask_fails_only_its_own_row(tiny_model_dir: Path) -> None:
+    runtime = ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32,
+                                         device="cpu", block_size=16, num_blocks=8,
+                                         num_window_blocks=8))
+    vocab = runtime.config.vocab_size
+    empty = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
+    free = runtime.step([SequenceChunk(1, 0, [0, 5, 9], [0], [0], sample=True)],
+                        return_logits=True)
+    runtime.free_sequence(1)
+    target = int(free.logits[0].topk(2).indices[1])    # the runner-up, forced by the mask
+    out = runtime.step([
+        SequenceChunk(1, 0, [0, 5, 9], [0], [0], sample=True,
+                      allowed_token_ids=torch.tensor([target])),
+        SequenceChunk(2, 0, [0, 5, 9], [1], [1], sample=True, token_bitmask=empty),
+        SequenceChunk(3, 0, [0, 5, 9], [2], [2], sample=True)])
+    assert out.sampled == [target, None, free.sampled[0]]
+    assert out.errors[0] is None and out.errors[2] is None
+    assert out.errors[1] is not None
