@@ -1,9 +1,9 @@
 """What the worker tells the scheduler about its model and cache: the facts behind `Describe`.
 
 Computed on the host before any rank starts, from `config.json`, the checkpoint's tensor index and
-`ModelRuntime.block_bytes` — no weights are loaded. Block capacity is `--num-blocks` when given, else
-the KV memory budget divided by the bytes one block costs in both groups together (both groups get
-the same count, as `WorkerConfig.num_blocks` is per group).
+`ModelRuntime.block_bytes` — no weights are loaded. Block capacity is `--num-blocks` when given,
+else the KV memory budget divided by the bytes one block costs in both groups together (both
+groups get the same count, as `WorkerConfig.num_blocks` is per group).
 """
 from __future__ import annotations
 
@@ -72,8 +72,9 @@ def blocks_per_group(config: WorkerConfig, bytes_per_block_all_groups: int) -> i
         return config.num_blocks
     blocks = config.kv_cache_memory_bytes // max(bytes_per_block_all_groups, 1)
     if blocks < 1:
-        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_bytes} bytes holds no block: one "
-                         f"block costs {bytes_per_block_all_groups} bytes across the block groups")
+        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_bytes} bytes holds no block: "
+                         f"one block costs {bytes_per_block_all_groups} bytes across the block "
+                         f"groups")
     return blocks
 
 
@@ -88,7 +89,8 @@ def describe_model(config: WorkerConfig) -> ModelFacts:
     dtype_name = compute_dtype_name(config)
     cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
     num_blocks = blocks_per_group(config, cost.window_block_bytes + cost.compressed_block_bytes)
-    groups = (BlockGroupInfo(WINDOW_GROUP, num_blocks, cost.window_block_bytes, model.sliding_window),
+    groups = (BlockGroupInfo(WINDOW_GROUP, num_blocks, cost.window_block_bytes,
+                             model.sliding_window),
               BlockGroupInfo(COMPRESSED_GROUP, num_blocks, cost.compressed_block_bytes, 0))
     return ModelFacts(
         vocab_size=model.vocab_size, eos_token_id=model.eos_token_id,
@@ -98,8 +100,10 @@ def describe_model(config: WorkerConfig) -> ModelFacts:
         cache_families=cache_families(model, config.block_size, cost))
 
 
-def cache_families(model: ModelConfig, block_size: int, cost: BlockCost) -> tuple[CacheFamilyInfo, ...]:
-    """Block-backed families (rows per block summed over the main layers), then per-sequence states."""
+def cache_families(model: ModelConfig, block_size: int,
+                   cost: BlockCost) -> tuple[CacheFamilyInfo, ...]:
+    """Block-backed families (rows per block summed over the main layers), then per-sequence
+    states."""
     ratios = [model.layer_ratio(i) for i in range(model.num_hidden_layers)]
     layers_and_ratio = {"ori": (len(ratios), 1), "cmp_c4": (ratios.count(4), 4),
                         "cmp_c128": (ratios.count(128), 128), "idx": (ratios.count(4), 4)}

@@ -2,12 +2,12 @@
 
 The scheduler owns request state and block tables and sends diffs (a sequence's prompt once, then a
 few ids per row). `PartitionExecutor` keeps the mirror a rank needs to turn those diffs into full
-`SequenceChunk`s: per sequence the known tokens, how many positions are cached, the block table of each
-group and the logit bias. It is the only owner of that state; nothing else in the worker reads it.
+`SequenceChunk`s: per sequence the known tokens, how many positions are cached, the block table of
+each group and the logit bias. It is the only owner of that state.
 
 A bad row (unknown sequence, a gap in positions, blocks missing or out of range, a mask that allows
-nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows of
-the step still run.
+nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows
+of the step still run.
 
 The descriptor dataclasses below mirror `worker.proto`; `services/worker/server.py` converts.
 """
@@ -45,7 +45,7 @@ class TokenMask:
 
 @dataclass(frozen=True)
 class ScheduledRow:
-    """Compute `num_new_tokens` positions from `num_computed_tokens`; see worker.proto ScheduledRow."""
+    """Compute `num_new_tokens` positions from `num_computed_tokens` (worker.proto ScheduledRow)."""
 
     seq_id: int
     num_computed_tokens: int
@@ -120,8 +120,8 @@ def decode_token_mask(
 ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Returns `(allowed_token_ids int64 [n], None)` or `(None, token_bitmask int32 [ceil(V/32)])`.
 
-    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the vocabulary,
-    or the mask allows no token at all.
+    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the
+    vocabulary, or the mask allows no token at all.
     """
     if mask.allowed_token_ids and mask.bitmask:
         raise RowError("token mask sets both allowed_token_ids and bitmask")
@@ -227,8 +227,9 @@ class PartitionExecutor:
 
     def _logit_bias(self, new: NewSequence) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         if len(new.logit_bias_token_ids) != len(new.logit_bias_values):
-            raise RowError(f"logit bias of sequence {new.seq_id} has {len(new.logit_bias_token_ids)} "
-                           f"ids but {len(new.logit_bias_values)} values")
+            raise RowError(f"logit bias of sequence {new.seq_id} has "
+                           f"{len(new.logit_bias_token_ids)} ids but "
+                           f"{len(new.logit_bias_values)} values")
         if not new.logit_bias_token_ids:
             return None
         self._check_token_ids(new.logit_bias_token_ids, "logit bias")
@@ -261,8 +262,8 @@ class PartitionExecutor:
         if row.num_new_tokens == 0:
             raise RowError(f"row of sequence {row.seq_id} computes no tokens")
         if start != state.num_computed_tokens:
-            raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at {start}, "
-                           f"{state.num_computed_tokens} positions are cached")
+            raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
+                           f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
         token_ids = state.token_ids + list(row.append_token_ids)
         if end > len(token_ids):

@@ -3,8 +3,8 @@
 Each local rank is a process (torch.multiprocessing "spawn" context) that joins one process group
 (gloo on CPU, nccl on CUDA) through a TCP store the host process serves on a free port, builds its
 runtime and a `PartitionExecutor`, warms up, and then executes commands. Commands are typed
-dataclasses (`StepPlan`, `ResetSequences`, `Shutdown`) sent to every rank through its own pipe, so all
-ranks see the same descriptors in the same order; rank 0 alone answers steps.
+dataclasses (`StepPlan`, `ResetSequences`, `Shutdown`) sent to every rank through its own pipe, so
+all ranks see the same descriptors in the same order; rank 0 alone answers steps.
 
 A rank ignores SIGINT (the host decides when to stop) and exits when its pipe closes, so a host that
 dies never leaves ranks behind.
@@ -30,7 +30,8 @@ import torch.multiprocessing as torch_mp
 
 from services.common.config import WorkerConfig
 from services.worker.capacity import ModelFacts, describe_model
-from services.worker.executor import PartitionExecutor, PartitionLimits, StepPlan, StepResult, StepRuntime
+from services.worker.executor import (PartitionExecutor, PartitionLimits, StepPlan, StepResult,
+                                      StepRuntime)
 
 _STORE_TIMEOUT = timedelta(seconds=120)
 _REAP_TIMEOUT_S = 5.0
@@ -173,7 +174,8 @@ class RankGroup:
     """Owns this host's rank processes, the pipes to them and the TCP store of their process group.
 
     Blocking pipe waits run on one dedicated thread, so commands keep their order and the event loop
-    never blocks. Once a rank has exited (or `stop` began), every later call raises `RankGroupError`.
+    never blocks. Once a rank has exited (or `stop` began), every later call raises
+    `RankGroupError`.
     """
 
     def __init__(self, specs_without_port: list[RankSpec], factory: RuntimeFactory) -> None:
@@ -181,7 +183,7 @@ class RankGroup:
         self._factory = factory
         self._ranks: list[_RankProcess] = []
         self._store: Optional[dist.TCPStore] = None
-        # Why the group can no longer run steps (a rank exited, or stop() began); None while healthy.
+        # Why the group can no longer run steps (a rank exited, stop() began); None while healthy.
         self._failure: Optional[str] = None
         # Spawning and stopping exclude each other, so a stop during start leaves no rank behind.
         self._spawn_lock = threading.Lock()
@@ -245,7 +247,8 @@ class RankGroup:
         self._broadcast(plan)
         result = self._receive(self._ranks[0])
         if not isinstance(result, StepResult):
-            raise RankGroupError(f"rank 0 answered step {plan.step_id} with {type(result).__name__}")
+            raise RankGroupError(f"rank 0 answered step {plan.step_id} "
+                                 f"with {type(result).__name__}")
         return result
 
     def _broadcast(self, command: RankCommand) -> None:
@@ -275,7 +278,7 @@ class RankGroup:
     def _describe_exit(self) -> str:
         for rank in self._ranks:
             if wait([rank.process.sentinel], timeout=0):
-                # The sentinel fires as the process closes its fds, a moment before it can be reaped.
+                # The sentinel fires as the process closes its fds, just before it can be reaped.
                 rank.process.join(_REAP_TIMEOUT_S)
                 return (f"rank {rank.rank} (pid {rank.process.pid}) exited with code "
                         f"{rank.process.exitcode}")
@@ -312,16 +315,18 @@ class RankGroup:
 
 
 def rank_specs(config: WorkerConfig, facts: ModelFacts) -> list[RankSpec]:
-    """One spec per local rank (store port filled in at start). All ranks of a host share partition 0
-    until data parallelism across partitions lands."""
+    """One spec per local rank (store port filled in at start). All ranks of a host share
+    partition 0 until data parallelism across partitions lands."""
     topology = config.topology
     on_cuda = topology.backend == "cuda"
     limits = PartitionLimits(partition_id=0, vocab_size=facts.vocab_size,
-                             block_size=config.block_size, num_blocks=facts.num_blocks("compressed"),
+                             block_size=config.block_size,
+                             num_blocks=facts.num_blocks("compressed"),
                              num_window_blocks=facts.num_blocks("window"))
     specs = []
     for rank in range(topology.world_size):
-        device = f"cuda:{topology.devices[rank] if topology.devices else rank}" if on_cuda else "cpu"
+        device_index = topology.devices[rank] if topology.devices else rank
+        device = f"cuda:{device_index}" if on_cuda else "cpu"
         specs.append(RankSpec(rank=rank, world_size=topology.world_size,
                               dist_backend="nccl" if on_cuda else "gloo", device=device,
                               store_port=0, model_dir=config.model_dir,

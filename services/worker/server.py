@@ -1,4 +1,4 @@
-"""The worker's gRPC server: `Worker` (Describe, Step), health and reflection, on this host's rank 0.
+"""The worker's gRPC server on this host's rank 0: `Worker` (Describe, Step), health, reflection.
 
 The servicer only converts protos ↔ the dataclasses of `executor.py` and hands steps to the
 `RankGroup`; model compute runs in the rank processes, never on this event loop. Health reports
@@ -113,7 +113,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except RankGroupError:
             pass  # every step of this stream reports the failure
 
-    async def _step(self, request: worker_pb2.StepRequest, generation: int) -> worker_pb2.StepResponse:
+    async def _step(self, request: worker_pb2.StepRequest,
+                    generation: int) -> worker_pb2.StepResponse:
         async with self._step_lock:
             if generation != self._stream_generation:
                 return worker_pb2.StepResponse(step_id=request.step_id,

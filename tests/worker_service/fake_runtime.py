@@ -25,7 +25,8 @@ FAKE_NUM_BLOCKS = 64
 CRASH_TOKEN_ID = 999
 
 
-def fake_next_token(start_pos: int, token_ids: list[int], allowed: Optional[list[int]] = None) -> int:
+def fake_next_token(start_pos: int, token_ids: list[int],
+                    allowed: Optional[list[int]] = None) -> int:
     """Unconstrained: mixes the chunk's end position and last token. Constrained: the largest
     allowed id (a mask that reached the runtime wins over the unconstrained answer)."""
     if allowed is not None:
@@ -66,7 +67,8 @@ class FakeRuntime:
         sampled = [fake_next_token(c.start_pos, c.token_ids, allowed_ids(c)) if c.sample else None
                    for c in chunks]
         error = None if ranks_agree(chunks) else "ranks computed different steps"
-        return StepOutput(sampled=sampled, logits=[None] * len(chunks), errors=[error] * len(chunks))
+        return StepOutput(sampled=sampled, logits=[None] * len(chunks),
+                          errors=[error] * len(chunks))
 
     def free_sequence(self, seq_id: int) -> None:
         self.freed.append(seq_id)

@@ -1,4 +1,5 @@
-"""Describe facts from the tiny checkpoint: capacity from the memory budget, families, fingerprint."""
+"""Describe facts from the tiny checkpoint: capacity from the memory budget, families,
+fingerprint."""
 from __future__ import annotations
 
 import dataclasses

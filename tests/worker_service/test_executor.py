@@ -46,7 +46,8 @@ class TestChunksFromDiffs:
         sampled = first.results[0].sampled_token_id
         assert sampled == fake_next_token(0, list(PROMPT))
         second = executor.execute(StepPlan(2, rows=(ScheduledRow(
-            5, num_computed_tokens=6, num_new_tokens=1, append_token_ids=(sampled,), sample=True),)))
+            5, num_computed_tokens=6, num_new_tokens=1, append_token_ids=(sampled,),
+            sample=True),)))
         chunk = runtime.steps[-1][0]
         assert (chunk.start_pos, chunk.token_ids) == (6, [sampled])
         assert chunk.block_table == [3, 7] and chunk.window_block_table == [3, 7]
@@ -81,7 +82,8 @@ class TestChunksFromDiffs:
         assert [(r.seq_id, bool(r.error)) for r in result.results] == [(404, True), (2, False)]
 
     def test_logit_bias_reaches_sampled_rows(self, executor, runtime):
-        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT, (3, 9), (1.5, -2.0)),),
+        biased = NewSequence(5, 0, PROMPT, (3, 9), (1.5, -2.0))
+        executor.execute(StepPlan(1, new_sequences=(biased,),
                                   rows=(prefill_row(5, (0, 1)),)))
         ids, values = runtime.steps[-1][0].logit_bias
         assert ids.tolist() == [3, 9] and values.tolist() == [1.5, -2.0]
@@ -140,16 +142,19 @@ class TestMaskDecoding:
         assert allowed.dtype == torch.int64 and allowed.tolist() == [4, 40, 400]
 
     def test_bitmask_bytes_become_little_endian_int32_words(self):
-        allowed, bitmask = decode_token_mask(TokenMask(bitmask=bitmask_bytes([0, 31, 33, 999])), 1000)
+        mask = TokenMask(bitmask=bitmask_bytes([0, 31, 33, 999]))
+        allowed, bitmask = decode_token_mask(mask, 1000)
         assert allowed is None and bitmask.dtype == torch.int32 and bitmask.shape == (32,)
         words = bitmask.tolist()
-        assert [32 * w + b for w in range(32) for b in range(32) if (words[w] >> b) & 1] == [0, 31, 33, 999]
+        set_bits = [32 * w + b for w in range(32) for b in range(32) if (words[w] >> b) & 1]
+        assert set_bits == [0, 31, 33, 999]
 
     @pytest.mark.parametrize("mask, message", [
         (TokenMask(), "allows no token"),
         (TokenMask(bitmask=bitmask_bytes([])), "allows no token"),
         # Bits past the vocabulary do not count as allowed tokens.
-        (TokenMask(bitmask=np.array([0] * 31 + [1 << 31], dtype="<u4").tobytes()), "allows no token"),
+        (TokenMask(bitmask=np.array([0] * 31 + [1 << 31], dtype="<u4").tobytes()),
+         "allows no token"),
         (TokenMask(bitmask=bytes(8)), "expected 128"),
         (TokenMask(allowed_token_ids=(5, 1000)), "vocabulary has 1000"),
         (TokenMask(allowed_token_ids=(5,), bitmask=bitmask_bytes([5])), "both"),

@@ -41,11 +41,12 @@ def test_two_ranks_run_every_step_and_rank0_answers():
             await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
             pids = ranks.pids
             plan = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT),),
-                            rows=(ScheduledRow(3, 0, 3, new_block_ids=(0,), new_window_block_ids=(0,),
-                                               sample=True),))
+                            rows=(ScheduledRow(3, 0, 3, new_block_ids=(0,),
+                                               new_window_block_ids=(0,), sample=True),))
             first = await asyncio.wait_for(ranks.step(plan), STEP_TIMEOUT_S)
             await ranks.reset()
-            after_reset = await asyncio.wait_for(ranks.step(StepPlan(2, rows=plan.rows)), STEP_TIMEOUT_S)
+            after_reset = await asyncio.wait_for(ranks.step(StepPlan(2, rows=plan.rows)),
+                                                 STEP_TIMEOUT_S)
             return [first, after_reset], pids
         finally:
             await ranks.stop()

@@ -1,8 +1,7 @@
-"""The worker serving the real DeepSeek-V4 runtime on the tiny checkpoint through a real rank process:
-the tokens that come back over gRPC are the tokens the bare runtime produces."""
+"""The worker serving the real DeepSeek-V4 runtime on the tiny checkpoint through a real rank
+process: the tokens that come back over gRPC are the tokens the bare runtime produces."""
 from __future__ import annotations
 
-import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2
@@ -11,7 +10,8 @@ from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.model.config import ModelConfig
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
-from tests.worker_service.worker_harness import StepStream, wait_for_health, worker_in_thread
+from tests.worker_service.worker_harness import (StepStream, local_channel, wait_for_health,
+                                                 worker_in_thread)
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 8
@@ -25,7 +25,8 @@ def bare_runtime_tokens(model_dir) -> list[int]:
                                          num_window_blocks=NUM_BLOCKS))
     tokens = runtime.step([SequenceChunk(1, 0, PROMPT, [0], [0], sample=True)]).sampled
     for position in range(len(PROMPT), len(PROMPT) + NUM_DECODES):
-        tokens += runtime.step([SequenceChunk(1, position, [tokens[-1]], [0], [0], sample=True)]).sampled
+        chunk = SequenceChunk(1, position, [tokens[-1]], [0], [0], sample=True)
+        tokens += runtime.step([chunk]).sampled
     return tokens
 
 
@@ -35,8 +36,9 @@ def test_served_tokens_equal_the_bare_runtime(tiny_model_dir):
     model = ModelConfig.from_json_file(tiny_model_dir / "config.json")
     config = WorkerConfig(model_dir=tiny_model_dir, port=0, block_size=BLOCK_SIZE,
                           num_blocks=NUM_BLOCKS)
-    with worker_in_thread(config) as worker, grpc.insecure_channel(worker.address) as channel:
-        reply = worker_pb2_grpc.WorkerStub(channel).Describe(worker_pb2.DescribeRequest(), timeout=60)
+    with worker_in_thread(config) as worker, local_channel(worker.address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        reply = stub.Describe(worker_pb2.DescribeRequest(), timeout=60)
         assert (reply.vocab_size, reply.eos_token_id) == (model.vocab_size, model.eos_token_id)
         assert [(g.name, g.num_blocks) for g in reply.block_groups] == [
             ("window", NUM_BLOCKS), ("compressed", NUM_BLOCKS)]
@@ -48,9 +50,9 @@ def test_served_tokens_equal_the_bare_runtime(tiny_model_dir):
                                           new_window_block_ids=[5], sample=True)]))
         served = [first.results[0].sampled_token_id]
         for step_id, position in enumerate(range(len(PROMPT), len(PROMPT) + NUM_DECODES), start=2):
-            reply = stream.call(worker_pb2.StepRequest(step_id=step_id, rows=[worker_pb2.ScheduledRow(
-                seq_id=9, num_computed_tokens=position, num_new_tokens=1,
-                append_token_ids=[served[-1]], sample=True)]))
+            row = worker_pb2.ScheduledRow(seq_id=9, num_computed_tokens=position, num_new_tokens=1,
+                                          append_token_ids=[served[-1]], sample=True)
+            reply = stream.call(worker_pb2.StepRequest(step_id=step_id, rows=[row]))
             assert not reply.error and not reply.results[0].error
             served.append(reply.results[0].sampled_token_id)
         stream.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -15,7 +14,8 @@ from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from tests.worker_service.fake_runtime import (CRASH_TOKEN_ID, FAKE_EOS_TOKEN_ID, FAKE_NUM_BLOCKS,
                                                FAKE_VOCAB_SIZE, FakeRuntimeFactory, fake_next_token)
-from tests.worker_service.worker_harness import StepStream, wait_for_health, worker_in_thread
+from tests.worker_service.worker_harness import (StepStream, local_channel, wait_for_health,
+                                                 worker_in_thread)
 
 BLOCK_SIZE = 4
 PROMPT = [21, 22, 23, 24, 25]
@@ -36,7 +36,7 @@ def worker():
 
 @pytest.fixture
 def channel(worker):
-    with grpc.insecure_channel(worker.address) as chan:
+    with local_channel(worker.address) as chan:
         wait_for_health(chan, SERVING)
         yield chan
 
@@ -110,7 +110,8 @@ class TestStepStream:
         first = stream.call(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(7)],
                                                    rows=[prefill_row(7, [0, 1])]))
         token = first.results[0].sampled_token_id
-        second = stream.call(worker_pb2.StepRequest(step_id=2, rows=[decode_row(7, len(PROMPT), token)]))
+        second = stream.call(worker_pb2.StepRequest(step_id=2,
+                                                    rows=[decode_row(7, len(PROMPT), token)]))
         stream.close()
         assert second.results[0].sampled_token_id == fake_next_token(len(PROMPT), [token])
         assert second.forward_ns > 0
@@ -123,18 +124,21 @@ class TestStepStream:
                   prefill_row(3, [4, 5], mask=worker_pb2.TokenMask(allowed_token_ids=[3, 9]))]))
         stream.close()
         assert not reply.error
-        assert [(r.seq_id, r.HasField("sampled_token_id"), bool(r.error)) for r in reply.results] == [
-            (1, True, False), (2, False, True), (3, True, False)]
+        outcomes = [(r.seq_id, r.HasField("sampled_token_id"), bool(r.error))
+                    for r in reply.results]
+        assert outcomes == [(1, True, False), (2, False, True), (3, True, False)]
         assert "missing compressed blocks" in reply.results[1].error
         assert reply.results[2].sampled_token_id == 9
 
     def test_new_stream_starts_with_no_sequences(self, channel):
         first = StepStream(channel)
-        token = first.call(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(5)],
-                                                  rows=[prefill_row(5, [0, 1])])).results[0].sampled_token_id
+        token = first.call(worker_pb2.StepRequest(
+            step_id=1, new_sequences=[new_sequence(5)],
+            rows=[prefill_row(5, [0, 1])])).results[0].sampled_token_id
         first.close()
         second = StepStream(channel)
-        stale = second.call(worker_pb2.StepRequest(step_id=1, rows=[decode_row(5, len(PROMPT), token)]))
+        stale = second.call(worker_pb2.StepRequest(step_id=1,
+                                                   rows=[decode_row(5, len(PROMPT), token)]))
         again = second.call(worker_pb2.StepRequest(step_id=2, new_sequences=[new_sequence(5)],
                                                    rows=[prefill_row(5, [0, 1])]))
         second.close()
@@ -154,7 +158,7 @@ class TestStepStream:
 @pytest.mark.slow  # spawns a second rank process
 def test_dead_rank_fails_steps_and_health_and_stop_leaves_no_process():
     with worker_in_thread(worker_config(), FakeRuntimeFactory()) as worker:
-        with grpc.insecure_channel(worker.address) as channel:
+        with local_channel(worker.address) as channel:
             wait_for_health(channel, SERVING)
             pids = worker.running.ranks.pids
             stream = StepStream(channel)

@@ -1,4 +1,4 @@
-"""Runs a worker server on its own event loop thread, and a blocking Step stream client, for tests."""
+"""For tests: a worker server on its own event loop thread, and a blocking Step stream client."""
 from __future__ import annotations
 
 import asyncio
@@ -59,6 +59,11 @@ class WorkerThread:
         self._started.set()
         await self._stop.wait()
         await self.running.stop()
+
+
+def local_channel(address: str) -> grpc.Channel:
+    """A channel straight to `address`, never through an http_proxy from the environment."""
+    return grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
 
 
 @contextmanager
