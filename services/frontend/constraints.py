@@ -18,13 +18,18 @@ Decisions (the API contract leaves them open):
 - `tool_choice: "none"` → unconstrained (no tool-call grammar; the prompt decides whether tools show).
 - Only declared parameters are ever generated. When `additionalProperties` is not `false`, unknown
   parameters would be allowed by the schema but cannot be typed, so the grammar offers none (the
-  output stays valid; it is merely never uses the extra freedom).
+  output stays valid; it merely never uses that freedom).
 - `response_format` json_* together with `tool_choice: "auto"` tools → the output is either one JSON
   value or one tool-call block. With `required` / a named tool the call wins (the output is a call).
 - Raw string parameters: `minLength` is met by `minLength` leading characters that are not `<`
   (so the closing tag cannot start inside them); `pattern` is matched in full (XGrammar anchors it);
   `format` supports date, time, date-time, email, uuid, ipv4, hostname and http(s) uri through
   conservative regexes (every match is valid, not every valid value matches).
+- Known limit: a JSON value (`string="false"`) may itself contain the text `</｜DSML｜parameter>`
+  inside a JSON string; a parser that cuts at the first closing tag (rather than parsing the JSON
+  value) would then split it wrongly. Raw string values can never contain it.
+- Compile cost: XGrammar 0.2.7 compiles bounded repetitions (maxLength, `{m,n}` in patterns) slowly
+  (~1-1.5 s each on 2 cores); grammars are cached by text in the scheduler.
 - Schema keywords XGrammar 0.2.7 ignores and that would change validity (if/then/else, not,
   dependentRequired, uniqueItems, multi-branch allOf, overlapping oneOf, non-integer multipleOf,
   unknown formats, ...) are rejected with a `ConstraintError` naming the tool and the keyword.
@@ -73,17 +78,19 @@ XGRAMMAR_FORMATS = frozenset({
 })
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
 _TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+\-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9\-]{0,20}[A-Za-z0-9])?"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+# Bounded repetitions are expensive to compile in XGrammar 0.2.7 (~1 s each, measured), so the
+# regexes are unbounded where the format has no length limit (email, uri).
 RAW_FORMAT_REGEX = {
     "date": _DATE,
     "time": _TIME,
     "date-time": f"{_DATE}T{_TIME}",
-    "email": rf"[A-Za-z0-9._+\-]{{1,32}}@{_LABEL}(\.{_LABEL}){{1,3}}",
+    "email": r"[A-Za-z0-9._+\-]+@[A-Za-z0-9]+(\.[A-Za-z0-9]+)+",
     "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
     "ipv4": rf"({_OCTET}\.){{3}}{_OCTET}",
-    "hostname": rf"{_LABEL}(\.{_LABEL}){{0,4}}",
-    "uri": rf"https?://{_LABEL}(\.{_LABEL}){{0,4}}(/[A-Za-z0-9._~\-]{{0,20}}){{0,6}}",
+    "hostname": rf"{_LABEL}(\.{_LABEL})*",
+    "uri": r"https?://[A-Za-z0-9]+(\.[A-Za-z0-9\-]+)*(/[A-Za-z0-9._~\-]*)*",
 }
 
 
