@@ -80,7 +80,9 @@ class Dsv4Tokenizer:
         return token_id
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        # `encode_batch` releases the GIL while the Rust side works (plain `encode` does not), so a
+        # long prompt tokenized in a worker thread no longer stalls the frontend's event loop.
+        return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         data = b"".join(self.token_bytes(i) for i in ids
