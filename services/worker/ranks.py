@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import Any, NoReturn, Optional, Protocol, Union
 
 import torch
 import torch.distributed as dist
@@ -284,7 +284,7 @@ class RankGroup:
                         f"{rank.process.exitcode}")
         return "a rank closed its pipe"
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> NoReturn:
         self._failure = self._failure or reason
         raise RankGroupError(self._failure)
 

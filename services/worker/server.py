@@ -204,6 +204,9 @@ async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None
         started.set()
     try:
         await serve_until_signal(running.grpc)
+        # Ranks that failed to start stopped the server; a signal during start-up is no failure.
+        start_error = running.ranks_started.exception() if running.ranks_started.done() else None
     finally:
         await running.stop()
-    await running.wait_ready()  # raises when the ranks failed to start
+    if start_error is not None:
+        raise start_error
