@@ -407,8 +407,7 @@ class _SchemaChecker:
                     or not all(isinstance(v, str) and PARAM_CLOSE not in v for v in values):
                 raise self.error(keyword, f"{where}.{keyword}", "of a string parameter must list "
                                  "strings that do not contain the DSML closing tag")
-            return _one_of([_const(v) if v else {"type": "regex", "pattern": ""}
-                            for v in dict.fromkeys(values)])
+            return _one_of([_const(value) for value in dict.fromkeys(values)])
         bounded = "minLength" in schema or "maxLength" in schema
         if "pattern" in schema:
             if bounded or "format" in schema:

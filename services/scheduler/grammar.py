@@ -68,7 +68,7 @@ class CompileStats:
 def import_xgrammar() -> Optional[ModuleType]:
     try:
         return importlib.import_module("xgrammar")
-    except ImportError:
+    except (ImportError, OSError):   # OSError: its native library cannot be loaded
         return None
 
 

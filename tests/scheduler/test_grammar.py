@@ -105,6 +105,19 @@ class TestDsmlAcceptance:
                      invoke("ping"))
         assert feed(service, tokenizer, required(WEATHER, PING), full) == (True, True)
 
+    def test_all_optional_params_any_subset_in_order_blank_line_when_none(self, service, tokenizer):
+        options = {"type": "function", "function": {"name": "opts", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string", "enum": ["", "x"]},
+                                             "b": {"type": "integer"}}}}}
+        constraint = required(options)
+        for text in (block(invoke("opts")), block(invoke("opts", param("b", "1", False))),
+                     block(invoke("opts", param("a", "", True), param("b", "-2", False)))):
+            assert feed(service, tokenizer, constraint, text) == (True, True), text
+        no_blank = block(f'<{DSML}invoke name="opts">\n</{DSML}invoke>\n')
+        swapped = block(invoke("opts", param("b", "1", False), param("a", "x", True)))
+        for text in (no_blank, swapped):
+            assert feed(service, tokenizer, constraint, text)[0] is False, text
+
     def test_string_param_with_string_false_is_refused(self, service, tokenizer):
         text = block(invoke("get_weather", param("city", "Paris", False), param("days", "3", False)))
         assert feed(service, tokenizer, required(WEATHER), text)[0] is False
