@@ -258,6 +258,22 @@ class PartitionExecutor:
         state = self._sequences.get(row.seq_id)
         if state is None:
             raise RowError(f"unknown seq_id {row.seq_id}")
+        self._validate(row, state)
+        allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
+                            if row.sample and row.mask is not None else (None, None))
+        start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
+        state.token_ids.extend(row.append_token_ids)
+        state.block_table.extend(row.new_block_ids)
+        state.window_block_table.extend(row.new_window_block_ids)
+        state.num_computed_tokens = end
+        return SequenceChunk(seq_id=row.seq_id, start_pos=start,
+                             token_ids=state.token_ids[start:end],
+                             block_table=list(state.block_table),
+                             window_block_table=list(state.window_block_table),
+                             sample=row.sample, allowed_token_ids=allowed, token_bitmask=bitmask,
+                             logit_bias=state.logit_bias if row.sample else None)
+
+    def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         if row.num_new_tokens == 0:
             raise RowError(f"row of sequence {row.seq_id} computes no tokens")
@@ -265,36 +281,25 @@ class PartitionExecutor:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
-        token_ids = state.token_ids + list(row.append_token_ids)
-        if end > len(token_ids):
+        known = len(state.token_ids) + len(row.append_token_ids)
+        if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
-                           f"only {len(token_ids)} tokens are known")
-        block_table = self._extended_table(state.block_table, row.new_block_ids,
-                                           self._limits.num_blocks, end, "compressed")
-        window_table = self._extended_table(state.window_block_table, row.new_window_block_ids,
-                                            self._limits.num_window_blocks, end, "window")
-        allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
-                            if row.sample and row.mask is not None else (None, None))
-        state.token_ids, state.block_table, state.window_block_table = (
-            token_ids, block_table, window_table)
-        state.num_computed_tokens = end
-        return SequenceChunk(seq_id=row.seq_id, start_pos=start, token_ids=token_ids[start:end],
-                             block_table=list(block_table), window_block_table=list(window_table),
-                             sample=row.sample, allowed_token_ids=allowed, token_bitmask=bitmask,
-                             logit_bias=state.logit_bias if row.sample else None)
+                           f"only {known} tokens are known")
+        self._check_table(len(state.block_table), row.new_block_ids, self._limits.num_blocks, end,
+                          "compressed")
+        self._check_table(len(state.window_block_table), row.new_window_block_ids,
+                          self._limits.num_window_blocks, end, "window")
 
-    def _extended_table(self, table: list[int], new_ids: tuple[int, ...], num_blocks: int,
-                        end: int, group: str) -> list[int]:
+    def _check_table(self, table_len: int, new_ids: tuple[int, ...], num_blocks: int, end: int,
+                     group: str) -> None:
         out_of_range = [block for block in new_ids if block >= num_blocks]
         if out_of_range:
             raise RowError(f"{group} block id {out_of_range[0]} is out of range "
                            f"(the partition has {num_blocks} blocks)")
-        extended = table + list(new_ids)
         needed = -(-end // self._limits.block_size)
-        if len(extended) < needed:
+        if table_len + len(new_ids) < needed:
             raise RowError(f"missing {group} blocks: {end} positions need {needed} blocks, "
-                           f"the table has {len(extended)}")
-        return extended
+                           f"the table has {table_len + len(new_ids)}")
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],
