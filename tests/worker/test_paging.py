@@ -32,7 +32,8 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 def releasable(next_pos: int, window: int) -> list[int]:
     """Logical window blocks whose rows no query from next_pos on can see."""
-    return [i for i in range(next_pos // BLOCK_SIZE) if (i + 1) * BLOCK_SIZE <= next_pos - window + 1]
+    return [i for i in range(next_pos // BLOCK_SIZE)
+            if (i + 1) * BLOCK_SIZE <= next_pos - window + 1]
 
 
 def decode_run(runtime: ModelRuntime, seq_id: int, prompt: list[int], table: list[int],

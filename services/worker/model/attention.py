@@ -59,10 +59,13 @@ class AttentionLayer:
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, w, p = self.config, self.w, self.prefix
         eps, rd = cfg.rms_norm_eps, cfg.qk_rope_head_dim
-        qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"], eps)
-        q = numerics.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.num_attention_heads, cfg.head_dim)
+        qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"],
+                               eps)
+        q = numerics.linear(qr, w[p + "wq_b.weight"])
+        q = q.view(-1, cfg.num_attention_heads, cfg.head_dim)
         q = self._rope(numerics.rms_norm(q, None, eps), positions)
-        kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"], eps)
+        kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"],
+                               eps)
         kv = self._rope(kv, positions)
         # QAT: the non-rope dims go through an FP8 round trip (blocks of 64).
         kv = torch.cat([numerics.fp8_round_trip(kv[:, :-rd], 64), kv[:, -rd:]], dim=-1)
@@ -71,7 +74,8 @@ class AttentionLayer:
     def _index_queries(self, y: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, w, p = self.config, self.w, self.prefix + "indexer."
-        q = numerics.linear(qr, w[p + "wq_b.weight"]).view(-1, cfg.index_n_heads, cfg.index_head_dim)
+        q = numerics.linear(qr, w[p + "wq_b.weight"])
+        q = q.view(-1, cfg.index_n_heads, cfg.index_head_dim)
         q = numerics.fp4_round_trip(numerics.hadamard_rotate(self._rope(q, positions)), 32)
         head_weights = numerics.linear(y, w[p + "weights_proj.weight"]) * (
             cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5)

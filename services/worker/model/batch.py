@@ -35,7 +35,7 @@ class StepBatch:
 
 def build_batch(chunks: list[tuple[int, int, list[int], list[int], list[int]]], device: str
                 ) -> StepBatch:
-    """chunks: (seq_id, start_pos, token_ids, block_table, window_block_table) per row of the step."""
+    """chunks: (seq_id, start_pos, token_ids, block_table, window_block_table), one per row."""
     rows: list[ChunkRows] = []
     ids: list[int] = []
     positions: list[torch.Tensor] = []

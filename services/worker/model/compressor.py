@@ -54,13 +54,14 @@ def project(spec: CompressorSpec, w: ModelWeights, x: torch.Tensor, positions: t
     """x [T, D] → fp32 kv [T, width], score [T, width] (position bias `ape[pos % ratio]` added)."""
     xf = x.float()
     kv = numerics.linear(xf, w[spec.prefix + "wkv.weight"])
-    score = numerics.linear(xf, w[spec.prefix + "wgate.weight"]) + w[spec.prefix + "ape"][positions % spec.ratio]
+    score = numerics.linear(xf, w[spec.prefix + "wgate.weight"])
+    score = score + w[spec.prefix + "ape"][positions % spec.ratio]
     return kv, score
 
 
 def pool(spec: CompressorSpec, state: CompressorState, kv: torch.Tensor, score: torch.Tensor,
          start_pos: int) -> tuple[int, torch.Tensor, CompressorState]:
-    """Feed one chunk's rows (positions start_pos..) → (first entry index, raw entries [n, c], state).
+    """Feed one chunk's rows (positions start_pos..) → (first entry index, raw entries, state).
 
     The entries are not yet normalised; `finish` does that.
     """
@@ -97,7 +98,8 @@ def finish(spec: CompressorSpec, w: ModelWeights, entries: torch.Tensor, first_e
            inv_freq: torch.Tensor, dtype: torch.dtype, eps: float) -> torch.Tensor:
     """RMSNorm, RoPE at each entry's first token, then the QAT round trip → [n, c] in dtype."""
     out = numerics.rms_norm(entries.to(dtype), w[spec.prefix + "norm.weight"], eps)
-    first_tokens = (torch.arange(entries.shape[0], device=entries.device) + first_entry) * spec.ratio
+    index = torch.arange(entries.shape[0], device=entries.device) + first_entry
+    first_tokens = index * spec.ratio
     out = numerics.apply_rope(out, numerics.rope_table(inv_freq, first_tokens), spec.rope_dim)
     if spec.rotate:
         return numerics.fp4_round_trip(numerics.hadamard_rotate(out), 32)

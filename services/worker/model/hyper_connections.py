@@ -1,8 +1,8 @@
 """Manifold-constrained hyper-connections (mHC): hc residual copies mixed around every sublayer.
 
-All of it runs in fp32. The Sinkhorn normalisation follows the official kernel's order of operations:
-row softmax + eps, a column normalisation, then (iters - 1) rounds of (row, column) normalisation,
-each dividing by (sum + eps).
+All of it runs in fp32. The Sinkhorn normalisation follows the official kernel's order of
+operations: row softmax + eps, a column normalisation, then (iters - 1) rounds of (row, column)
+normalisation, each dividing by (sum + eps).
 """
 from __future__ import annotations
 

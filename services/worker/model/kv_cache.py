@@ -1,7 +1,8 @@
 """Paged cache storage of one partition, addressed through the scheduler's logical block tables.
 
 Two block groups (see docs/structure.md, "Cache model"):
-- `window`: raw kv rows (`ori`) of every main layer; logical block i holds positions [i·bs, (i+1)·bs).
+- `window`: raw kv rows (`ori`) of every main layer; logical block i holds positions
+  [i·bs, (i+1)·bs).
 - `compressed`: compressed entries (`cmp_c4`, `cmp_c128`) and indexer keys (`idx`); logical block i
   holds the entries whose first token lies in [i·bs, (i+1)·bs), ceil(bs/ratio) rows per block.
 This class owns the storage tensors only; block tables belong to the scheduler and arrive with

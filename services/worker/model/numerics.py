@@ -1,8 +1,8 @@
 """Elementwise math shared by the DeepSeek-V4 layers: RMSNorm, RoPE tables, QAT round trips.
 
 The round trips reproduce the official kernels bit for bit in float32: a power-of-two (ue8m0) scale
-per block, `scale = 2^ceil(log2(amax * fp32(1/qmax)))`, values divided by the scale, clamped, rounded
-to the narrow format with round-to-nearest-even, and multiplied back.
+per block, `scale = 2^ceil(log2(amax * fp32(1/qmax)))`, values divided by the scale, clamped,
+rounded to the narrow format with round-to-nearest-even, and multiplied back.
 """
 from __future__ import annotations
 

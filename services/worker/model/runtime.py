@@ -45,14 +45,14 @@ class SequenceChunk:
     window_block_table: list[int]  # window group, logical order (released prefix entries are stale)
     sample: bool
     allowed_token_ids: Optional[torch.Tensor] = None   # int64 [n], grammar mask (short form)
-    token_bitmask: Optional[torch.Tensor] = None       # int32 [ceil(V/32)], grammar mask (long form)
+    token_bitmask: Optional[torch.Tensor] = None       # int32 [ceil(V/32)], grammar mask (long)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (ids int64, values float32)
 
 
 @dataclass
 class StepOutput:
     sampled: list[Optional[int]]            # per chunk: the greedy token, None if not sampled
-    logits: list[Optional[torch.Tensor]]    # per chunk: fp32 [V] of its last position (return_logits)
+    logits: list[Optional[torch.Tensor]]    # per chunk: fp32 [V], last position (return_logits)
     # Per chunk: why sampling failed (a grammar mask that allows nothing), else None.
     errors: list[Optional[str]] = field(default_factory=list)
     # Per chunk: last-layer hc streams [len, hc, D] (return_hidden; the MTP block's input).
@@ -66,7 +66,7 @@ class BlockCost:
     window_block_bytes: int               # `window` group: family `ori`
     compressed_block_bytes: int           # `compressed` group: `cmp_c4` + `cmp_c128` + `idx`
     family_block_bytes: dict[str, int]    # ori, cmp_c4, cmp_c128, idx
-    sequence_state_bytes: dict[str, int]  # csa_state, csa_inner_state, hca_state (fp32, upper bound)
+    sequence_state_bytes: dict[str, int]  # csa_state, csa_inner_state, hca_state (fp32, at most)
 
     @property
     def per_sequence_state_bytes(self) -> int:

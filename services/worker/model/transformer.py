@@ -21,7 +21,8 @@ class DeepseekV4:
         self.config = config
         self.w = weights
         self.attention = {
-            layer_id: AttentionLayer(config, weights, layer_id, self.block_prefix(layer_id) + "attn.")
+            layer_id: AttentionLayer(config, weights, layer_id,
+                                     self.block_prefix(layer_id) + "attn.")
             for layer_id in range(config.num_layers_total)}
 
     def block_prefix(self, layer_id: int) -> str:
