@@ -32,8 +32,8 @@ CALL = (f"\n\n<{DSML}tool_calls>\n<{DSML}invoke name=\"get_weather\">\n"
         f"<{DSML}parameter name=\"days\" string=\"false\">3</{DSML}parameter>\n"
         f"<{DSML}parameter name=\"unit\" string=\"true\">celsius</{DSML}parameter>\n"
         f"</{DSML}invoke>\n</{DSML}tool_calls>")
-REASONING = ("The user asks for the weather in San Francisco for the next three days. I should call "
-             "the weather tool with the city and the number of days, in celsius.</think>")
+REASONING = ("The user asks for the weather in San Francisco for the next three days. I should "
+             "call the weather tool with the city and the number of days, in celsius.</think>")
 
 
 def corpus_tools(count: int) -> list[dict[str, Any]]:
@@ -94,9 +94,11 @@ def bench_masks(service: GrammarService, matcher: RequestMatcher, token_ids: lis
     for label, costs in (("short form (ids + proto)", short), ("long form (bytes + proto)", long_)):
         print(f"  {label}: mean {statistics.mean(costs) * 1e6:7.1f} µs, "
               f"p50 {percentile(costs, .5) * 1e6:6.1f}, max {max(costs) * 1e6:7.1f}")
-    structural = [c for c in counts if c <= SHORT_MASK_MAX_IDS]
-    print(f"  allowed-count: {len(structural)} of {len(counts)} positions <= {SHORT_MASK_MAX_IDS} "
-          f"(max there {max(structural, default=0)}); others min {min(c for c in counts if c > SHORT_MASK_MAX_IDS) if len(structural) < len(counts) else '-'}")
+    short_counts = [c for c in counts if c <= SHORT_MASK_MAX_IDS]
+    long_counts = [c for c in counts if c > SHORT_MASK_MAX_IDS]
+    print(f"  allowed tokens: {len(short_counts)} of {len(counts)} positions <= "
+          f"{SHORT_MASK_MAX_IDS} (max there {max(short_counts, default=0)}); the others "
+          f"allow >= {min(long_counts, default=0)}")
     print(f"  serialized: long form {long_bytes:,} B always; short form "
           f"{statistics.mean(short_bytes):.0f} B mean at the same positions")
 
@@ -115,7 +117,8 @@ def bench_crossover(matcher: RequestMatcher) -> None:
     """Short-form cost and size against the number of allowed ids (synthetic bitmasks)."""
     rng = np.random.default_rng(0)
     words = matcher._bitmask.numpy()
-    print("crossover (synthetic masks, best of 30): allowed ids -> short µs / bytes vs long µs / bytes")
+    print("crossover (synthetic masks, best of 30): allowed ids -> short form µs / bytes "
+          "vs long form µs / bytes")
     for count in (1, 16, 256, 1024, 4096, 16384, 65536):
         words[:] = 0
         ids = np.sort(rng.choice(VOCAB_SIZE, size=count, replace=False))

@@ -9,13 +9,14 @@ format, byte-exact with the chat format:
     </｜DSML｜invoke>\\n                                                 (more invokes if parallel)
     </｜DSML｜tool_calls>                                                then EOS
 
-Unlike XGrammar's built-in `deepseek_v4` template, the `string` flag of every parameter is fixed by
-its schema type: a string-typed parameter is `string="true"` + raw text (never containing the closing
-tag), anything else is `string="false"` + JSON for that sub-schema. A call with no arguments renders
-as `<｜DSML｜invoke name="f">\\n\\n</｜DSML｜invoke>` (a blank line), as in the chat format.
+Unlike XGrammar's built-in `deepseek_v4` template, the `string` flag of every parameter is fixed
+by its schema type: a string-typed parameter is `string="true"` + raw text (never containing the
+closing tag), anything else is `string="false"` + JSON for that sub-schema. A call with no
+arguments renders as `<｜DSML｜invoke name="f">\\n\\n</｜DSML｜invoke>` (a blank line), as in the
+chat format.
 
 Decisions (the API contract leaves them open):
-- `tool_choice: "none"` → unconstrained (no tool-call grammar; the prompt decides whether tools show).
+- `tool_choice: "none"` → unconstrained (no tool-call grammar; the prompt decides what tools show).
 - Only declared parameters are ever generated. When `additionalProperties` is not `false`, unknown
   parameters would be allowed by the schema but cannot be typed, so the grammar offers none (the
   output stays valid; it merely never uses that freedom).
@@ -66,7 +67,8 @@ ANNOTATIONS = frozenset({
 })
 RAW_STRING_KEYWORDS = frozenset({"type", "enum", "const", "pattern", "format", "minLength",
                                  "maxLength"}) | ANNOTATIONS
-# Keywords XGrammar 0.2.7's JSON-schema converter ignores (verified by probing) that tighten validity.
+# Keywords XGrammar 0.2.7's JSON-schema converter ignores (verified by probing) though they restrict
+# which values are valid.
 IGNORED_BY_XGRAMMAR = frozenset({
     "if", "then", "else", "not", "dependentRequired", "dependentSchemas", "dependencies",
     "$dynamicRef", "$recursiveRef", "minContains", "maxContains", "patternProperties",
@@ -77,7 +79,8 @@ XGRAMMAR_FORMATS = frozenset({
     "json-pointer", "relative-json-pointer",
 })
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+\-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_HOUR_MINUTE = r"([01][0-9]|2[0-3]):[0-5][0-9]"
+_TIME = rf"{_HOUR_MINUTE}:[0-5][0-9](\.[0-9]{{1,6}})?(Z|[+\-]{_HOUR_MINUTE})"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?"
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 # Bounded repetitions are expensive to compile in XGrammar 0.2.7 (~1 s each, measured), so the
@@ -138,7 +141,8 @@ def build_constraint(body: dict[str, Any], thinking: bool) -> Optional[Constrain
                                                    thinking))
         if not any(tool.strict for tool in tools.values()):
             return None
-        return _structural_tag(_with_reasoning(_auto_block(list(tools.values()), parallel), thinking))
+        auto_block = _auto_block(list(tools.values()), parallel)
+        return _structural_tag(_with_reasoning(auto_block, thinking))
     selected = list(tools.values()) if choice == "required" else [tools[choice]]
     return _structural_tag(_with_reasoning(_block(selected, parallel), thinking))
 
@@ -190,12 +194,13 @@ def _tool_choice(body: dict[str, Any], tools: dict[str, _Tool]) -> str:
             raise ConstraintError("tool_choice 'required' needs at least one tool", "tool_choice")
         return choice
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-        raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or "
-                              "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    if not isinstance(choice, dict) or choice.get("type") != "function" \
+            or not isinstance(name, str):
+        raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or {\"type\": "
+                              "\"function\", \"function\": {\"name\": ...}}", "tool_choice")
     if name not in tools:
-        raise ConstraintError(f"tool_choice names tool '{name[:64]}', which is not declared in tools",
-                              "tool_choice.function.name")
+        raise ConstraintError(f"tool_choice names tool '{name[:64]}', which is not declared in "
+                              "tools", "tool_choice.function.name")
     return name
 
 
@@ -326,7 +331,8 @@ class _SchemaChecker:
 
     def error(self, keyword: str, where: str, why: str) -> ConstraintError:
         subject = "response_format" if self.owner == "response_format" else f"tool '{self.owner}'"
-        return ConstraintError(f"{subject}: schema keyword '{keyword}' {why}", f"{self.path}{where}")
+        return ConstraintError(f"{subject}: schema keyword '{keyword}' {why}",
+                               f"{self.path}{where}")
 
     def parameters(self, schema: Any) -> list[tuple[dict[str, Any], bool]]:
         """[(parameter format, required)] in schema order."""
@@ -394,8 +400,8 @@ class _SchemaChecker:
         value = self.raw_string_value(schema, where)
         if value is None:   # free text up to the closing tag
             length = self.length_bounds(schema, where)
-            return _sequence([{"type": "tag", "begin": begin, "content": length, "end": PARAM_CLOSE},
-                              _const("\n")])
+            tag = {"type": "tag", "begin": begin, "content": length, "end": PARAM_CLOSE}
+            return _sequence([tag, _const("\n")])
         return _sequence([_const(begin), value, _const(f"{PARAM_CLOSE}\n")])
 
     def raw_string_value(self, schema: dict[str, Any], where: str) -> Optional[dict[str, Any]]:
@@ -428,7 +434,8 @@ class _SchemaChecker:
         high = schema.get("maxLength")
         if not isinstance(low, int) or low < 0 or (high is not None and
                                                    (not isinstance(high, int) or high < low)):
-            raise self.error("minLength", f"{where}.minLength", "must be 0 <= minLength <= maxLength")
+            raise self.error("minLength", f"{where}.minLength",
+                             "must be 0 <= minLength <= maxLength")
         text: dict[str, Any] = {"type": "any_text"}
         if high is not None:
             text["max_chars"] = high - low
@@ -488,7 +495,8 @@ class _SchemaChecker:
         if keyword == "oneOf" and not self.disjoint(value, where):
             raise self.error(keyword, where, "needs branches of distinct types or distinct "
                              "discriminator constants (the grammar engine treats it as anyOf)")
-        if keyword == "multipleOf" and not (isinstance(value, int) and schema.get("type") == "integer"):
+        integer_step = isinstance(value, int) and schema.get("type") == "integer"
+        if keyword == "multipleOf" and not integer_step:
             raise self.error(keyword, where, "is only enforced for integer types with an integer "
                              "divisor")
         if keyword == "format" and value not in XGRAMMAR_FORMATS:

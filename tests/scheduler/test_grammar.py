@@ -1,9 +1,9 @@
 """The scheduler's grammar state with real XGrammar and the real DeepSeek-V4 tokenizer.
 
-Constraints come from `services.frontend.constraints.build_constraint`; DSML texts are tokenized with
-the real tokenizer and fed to the matcher token by token, as the step loop does. The random-walk test
-samples random allowed tokens for every tool of `tests/data/tool_schemas.json` and checks that every
-finished call decodes to arguments that validate against the tool's schema.
+Constraints come from `services.frontend.constraints.build_constraint`; DSML texts are
+tokenized with the real tokenizer and fed to the matcher token by token, as the step loop does.
+The random-walk test samples random allowed tokens for every tool of `tests/data/tool_schemas.json`
+and checks that every finished call decodes to arguments that validate against the tool's schema.
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ class TestDsmlAcceptance:
             assert feed(service, tokenizer, constraint, text)[0] is False, text
 
     def test_string_param_with_string_false_is_refused(self, service, tokenizer):
-        text = block(invoke("get_weather", param("city", "Paris", False), param("days", "3", False)))
+        text = block(invoke("get_weather", param("city", "Paris", False),
+                            param("days", "3", False)))
         assert feed(service, tokenizer, required(WEATHER), text)[0] is False
 
     def test_array_param_with_string_true_is_refused(self, service, tokenizer):
@@ -164,7 +165,8 @@ class TestDsmlAcceptance:
         assert feed(service, tokenizer, named, PARIS_CALL)[0] is False
 
     def test_thinking_mode_reasoning_then_call_is_accepted(self, service, tokenizer):
-        constraint = build_constraint({"tools": [WEATHER], "tool_choice": "required"}, thinking=True)
+        constraint = build_constraint({"tools": [WEATHER], "tool_choice": "required"},
+                                      thinking=True)
         text = "The user wants the weather in Paris; call the tool.</think>" + PARIS_CALL
         assert feed(service, tokenizer, constraint, text) == (True, True)
         assert feed(service, tokenizer, constraint, PARIS_CALL)[0] is False
