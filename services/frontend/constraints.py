@@ -193,7 +193,8 @@ def _tool_choice(body: dict[str, Any], tools: dict[str, _Tool]) -> str:
         if choice == "required" and not tools:
             raise ConstraintError("tool_choice 'required' needs at least one tool", "tool_choice")
         return choice
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" \
             or not isinstance(name, str):
         raise ConstraintError("tool_choice must be 'none', 'auto', 'required' or {\"type\": "
@@ -215,7 +216,8 @@ def _response_format(body: dict[str, Any]) -> Optional[dict[str, Any]]:
     if kind == "json_object":
         return _json_value({"type": "object"})
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        json_schema = response_format.get("json_schema")
+        schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
         if not isinstance(schema, (dict, bool)):
             raise ConstraintError("response_format.json_schema.schema must be a JSON schema",
                                   "response_format.json_schema.schema")

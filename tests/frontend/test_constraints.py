@@ -254,3 +254,18 @@ def _walk(node: Any):
     elif isinstance(node, list):
         for value in node:
             yield from _walk(value)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [PING], "tool_choice": {"type": "function", "function": "ping"}}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": "x"}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"tools": {"name": "f"}}, "tools"),
+    ({"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools[0]"),
+], ids=["function-not-object", "json-schema-not-object", "unknown-format", "tools-not-list",
+        "non-function-tool"])
+def test_malformed_fields_are_client_errors(body, param):
+    with pytest.raises(ConstraintError) as caught:
+        build_constraint(body, thinking=False)
+    assert caught.value.param == param
