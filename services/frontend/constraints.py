@@ -344,6 +344,11 @@ class _SchemaChecker:
             raise self.error("parameters", "", "must be a JSON schema object")
         if schema.get("type", "object") != "object":
             raise self.error("type", ".type", "of tool parameters must be 'object'")
+        for keyword in ("$defs", "definitions", "properties"):
+            if not isinstance(schema.get(keyword, {}), dict):
+                raise self.error(keyword, f".{keyword}", "must be an object")
+        if not isinstance(schema.get("required", []), list):
+            raise self.error("required", ".required", "must be a list of parameter names")
         for keyword in ("$defs", "definitions"):
             if keyword in schema:
                 self.defs[keyword] = schema[keyword]
@@ -378,7 +383,8 @@ class _SchemaChecker:
         types = resolved.get("type")
         if _is_raw_string(resolved):
             return self.string_parameter(name, resolved, where)
-        if isinstance(types, list) and "string" in types and len(types) > 1:
+        if isinstance(types, list) and "string" in types and len(types) > 1 \
+                and "enum" not in resolved and "const" not in resolved:
             string_part = {k: v for k, v in resolved.items() if k in RAW_STRING_KEYWORDS}
             string_part["type"] = "string"
             other = dict(resolved, type=[t for t in types if t != "string"])
@@ -449,8 +455,10 @@ class _SchemaChecker:
     def resolve(self, schema: dict[str, Any], where: str) -> dict[str, Any]:
         """Follows a chain of local `$ref`s (to $defs / definitions)."""
         seen = set()
-        while "$ref" in schema:
+        while "$ref" in schema and schema["$ref"] != "#":
             ref = schema["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                raise self.error("$ref", f"{where}.$ref", "must point into $defs or definitions")
             if ref in seen:
                 raise self.error("$ref", f"{where}.$ref", "is circular")
             seen.add(ref)
@@ -460,9 +468,6 @@ class _SchemaChecker:
                 target = target.get(part) if isinstance(target, dict) else None
             if not isinstance(target, dict):
                 raise self.error("$ref", f"{where}.$ref", f"'{ref[:80]}' does not resolve")
-            siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
-            if siblings:
-                raise self.error("$ref", f"{where}.$ref", "cannot have sibling validation keywords")
             schema = target
         return schema
 
@@ -475,6 +480,8 @@ class _SchemaChecker:
         for keyword, value in schema.items():
             self.check_keyword(keyword, value, schema, f"{where}.{keyword}")
         for keyword in ("properties", "$defs", "definitions"):
+            if not isinstance(schema.get(keyword, {}), dict):
+                raise self.error(keyword, f"{where}.{keyword}", "must be an object")
             for name, sub in (schema.get(keyword) or {}).items():
                 self.check(sub, f"{where}.{keyword}.{name}")
         for keyword in ("items", "additionalProperties", "contains", "propertyNames",
@@ -511,6 +518,10 @@ class _SchemaChecker:
                                                 or value.startswith("#/definitions/"))
             if not (local or (self.allow_root_ref and value == "#")):
                 raise self.error(keyword, where, "must point into $defs or definitions")
+            siblings = set(schema) - ANNOTATIONS - {"$ref", "$defs", "definitions"}
+            if siblings:
+                raise self.error(keyword, where, f"with sibling keyword '{sorted(siblings)[0]}' is "
+                                 "not enforced by the grammar engine (siblings are ignored)")
 
     def disjoint(self, branches: Any, where: str) -> bool:
         """True when no value can match two `oneOf` branches (so anyOf semantics are exact)."""

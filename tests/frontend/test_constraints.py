@@ -172,6 +172,7 @@ UNSUPPORTED = [
     ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 3}]}),
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("$ref", {"$ref": "https://example.com/schema.json"}),
+    ("$ref", {"type": "array", "items": {"$ref": "#/$defs/n", "minimum": 5}}),
     ("pattern", {"type": "string", "pattern": "^a+$", "minLength": 2}),
     ("format", {"type": "string", "format": "date", "maxLength": 8}),
 ]
