@@ -32,8 +32,9 @@ Decisions (the API contract leaves them open):
 - Compile cost: XGrammar 0.2.7 compiles bounded repetitions (maxLength, `{m,n}` in patterns) slowly
   (~1-1.5 s each on 2 cores); grammars are cached by text in the scheduler.
 - Schema keywords XGrammar 0.2.7 ignores and that would change validity (if/then/else, not,
-  dependentRequired, uniqueItems, multi-branch allOf, overlapping oneOf, non-integer multipleOf,
-  unknown formats, ...) are rejected with a `ConstraintError` naming the tool and the keyword.
+  dependentRequired, uniqueItems, contains, $ref siblings, multi-branch allOf, overlapping oneOf,
+  non-integer multipleOf, unknown formats, ...) are rejected with a `ConstraintError` naming the
+  tool and the keyword.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ RAW_STRING_KEYWORDS = frozenset({"type", "enum", "const", "pattern", "format", "
 # which values are valid.
 IGNORED_BY_XGRAMMAR = frozenset({
     "if", "then", "else", "not", "dependentRequired", "dependentSchemas", "dependencies",
-    "$dynamicRef", "$recursiveRef", "minContains", "maxContains", "patternProperties",
+    "$dynamicRef", "$recursiveRef", "contains", "minContains", "maxContains", "patternProperties",
 })
 # Formats XGrammar 0.2.7 enforces inside JSON values (others are silently ignored).
 XGRAMMAR_FORMATS = frozenset({

@@ -169,6 +169,7 @@ UNSUPPORTED = [
     ("format", {"type": "string", "format": "idn-email"}),
     ("format", {"type": "array", "items": {"type": "string", "format": "iri"}}),
     ("multipleOf", {"type": "number", "multipleOf": 0.5}),
+    ("contains", {"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}),
     ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 3}]}),
     ("oneOf", {"oneOf": [{"type": "integer"}, {"type": "number"}]}),
     ("$ref", {"$ref": "https://example.com/schema.json"}),
