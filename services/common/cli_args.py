@@ -187,8 +187,9 @@ def _add_scheduling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=positive_int, default=8, help="running requests at most")
     p.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=128,
                    help="prefill chunk size per request per step")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse cached KV blocks of identical prompt prefixes (default on)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse cached KV blocks of identical prompt prefixes (accepted; not implemented "
+                        "yet: every prompt is computed in full, with a warning)")
 
 
 def _add_generate_defaults(p: argparse.ArgumentParser) -> None:
@@ -212,6 +213,8 @@ def _add_worker_memory(p: argparse.ArgumentParser) -> None:
                    help="KV cache bytes per partition, e.g. 4GiB (default 1GiB)")
     p.add_argument("--dtype", type=dtype_choice, default=None, metavar="{auto,float32,bfloat16}",
                    help="auto (float32 on cpu, bfloat16 on cuda), float32 or bfloat16")
+    p.add_argument("--torch-threads", type=positive_int, default=1, metavar="N",
+                   help="intra-op threads per CPU rank (default 1: best on small shared machines)")
 
 
 def _add_npu_only(p: argparse.ArgumentParser) -> None:
@@ -291,6 +294,19 @@ def npu_only_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> l
     return messages
 
 
+def not_yet_implemented_warnings(args: argparse.Namespace) -> list[str]:
+    """Operators' flags this release accepts but does not act on yet: said out loud, never silently."""
+    messages = []
+    if getattr(args, "enable_prefix_caching", None):
+        messages.append("--enable-prefix-caching: prefix caching is not implemented yet; "
+                        "every prompt is computed in full")
+    speculative = getattr(args, "speculative_config", None)
+    if speculative is not None and speculative.num_speculative_tokens > 0:
+        messages.append(f"--speculative-config: {speculative.method} speculative decoding is not implemented "
+                        f"yet; decoding runs target-only (K=0), which gives the same greedy tokens")
+    return messages
+
+
 def topology_from_args(args: argparse.Namespace) -> TopologyConfig:
     if args.backend == "npu":
         raise FlagError("--backend npu is not supported: dsv4serve runs the model with torch; "
@@ -328,6 +344,7 @@ def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> Worker
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
+        torch_threads=args.torch_threads,
     )
 
 
@@ -339,7 +356,7 @@ def scheduler_config_from_args(args: argparse.Namespace, model_dir: Path,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
-        enable_prefix_caching=args.enable_prefix_caching, speculative=args.speculative_config,
+        enable_prefix_caching=bool(args.enable_prefix_caching), speculative=args.speculative_config,
         generate_defaults=args.generate_config,
     )
 
@@ -393,6 +410,8 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
     args = parser.parse_args(list(argv))
     for message in npu_only_warnings(args, os.environ if environ is None else environ):
         logger.warning(message)
+    for message in not_yet_implemented_warnings(args):
+        logger.warning(message)
     try:
         check_flags(args)
     except FlagError as exc:
@@ -426,7 +445,8 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
     argv = ["--model", str(cfg.model_dir), "--backend", t.backend, "--dp", str(t.dp), "--tp", str(t.tp),
             "--ep", str(t.ep), *_length_flags(cfg.block_size, cfg.max_model_len, cfg.max_num_batched_tokens,
                                                 cfg.speculative),
-            "--kv-cache-memory", str(cfg.kv_cache_memory_bytes), "--host", cfg.host, "--port", str(cfg.port)]
+            "--kv-cache-memory", str(cfg.kv_cache_memory_bytes), "--torch-threads", str(cfg.torch_threads),
+            "--host", cfg.host, "--port", str(cfg.port)]
     if t.devices:
         argv += ["--devices", ",".join(map(str, t.devices))]
     if cfg.num_blocks is not None:

@@ -52,7 +52,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 128
     block_size: int = 32
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = False  # accepted; prefix caching is not implemented yet
     speculative: Optional[SpeculativeConfig] = None
     generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)
     grammar_compile_threads: int = 2
@@ -78,6 +78,9 @@ class WorkerConfig:
     # "float32" or "bfloat16"; None: float32 on CPU, bfloat16 on CUDA.
     dtype: Optional[str] = None
     speculative: Optional[SpeculativeConfig] = None
+    # Intra-op threads of each CPU rank. 1 by default: on small CPU machines shared with the other
+    # services, an OpenMP pool that spins for cores it does not get makes small GEMMs ~16× slower.
+    torch_threads: int = 1
 
 
 @dataclass(frozen=True)

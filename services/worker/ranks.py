@@ -49,6 +49,7 @@ class RankSpec:
     model_dir: Path
     dtype: str  # "float32" or "bfloat16"
     limits: PartitionLimits
+    torch_threads: int = 1  # intra-op threads on CPU
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ def _exit_now(code: int) -> None:
 def _bring_up(spec: RankSpec, factory: RuntimeFactory) -> PartitionExecutor:
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
+    else:
+        torch.set_num_threads(spec.torch_threads)
     store = dist.TCPStore("127.0.0.1", spec.store_port, spec.world_size, is_master=False,
                           timeout=_STORE_TIMEOUT)
     dist.init_process_group(spec.dist_backend, store=store, rank=spec.rank,
@@ -330,5 +333,6 @@ def rank_specs(config: WorkerConfig, facts: ModelFacts) -> list[RankSpec]:
         specs.append(RankSpec(rank=rank, world_size=topology.world_size,
                               dist_backend="nccl" if on_cuda else "gloo", device=device,
                               store_port=0, model_dir=config.model_dir,
-                              dtype=facts.compute_dtype, limits=limits))
+                              dtype=facts.compute_dtype, limits=limits,
+                              torch_threads=config.torch_threads))
     return specs

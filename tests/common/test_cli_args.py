@@ -192,3 +192,16 @@ class TestChildArgvRoundTrip:
 
         assert cli_args.parse_worker_args(cli_args.worker_argv(stack.worker), **kw) == stack.worker
         assert cli_args.parse_scheduler_args(cli_args.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
+
+
+def test_accepted_but_unimplemented_operator_flags_are_named_in_warnings(caplog) -> None:
+    """Prefix caching and DSpark speculation are accepted for the operators' command line, but this
+    release does not act on them yet: each says so in a warning instead of pretending."""
+    from services.common.cli_args import parse_scheduler_args
+
+    with caplog.at_level("WARNING"):
+        parse_scheduler_args(["--model", "/tmp", "--enable-prefix-caching", "--speculative-config",
+                              '{"method":"dspark","num_speculative_tokens":7}'])
+    text = caplog.text
+    assert "--enable-prefix-caching" in text and "not implemented" in text
+    assert "--speculative-config" in text and "K=0" in text
