@@ -263,6 +263,26 @@ def test_constrained_request_follows_the_grammar_and_releases_its_matcher():
     asyncio.run(scenario())
 
 
+def test_state_counts_a_running_constrained_request_until_it_is_cancelled():
+    async def scenario():
+        async with running_stack() as stack:
+            free_text = json.dumps([[3, 4, 5]] * 400)
+            call = stack.stub.Generate(make_request("c", [5, 6, 7], 300,
+                                                    constraint=json_constraint(free_text)))
+            assert (await call.read()).admitted.constrained
+            assert (await call.read()).HasField("tokens")
+            state = await stack.state()
+            assert state.num_constrained_running == 1 and state.num_live_matchers == 1
+            assert state.grammar_cache_entries == 1
+            summary = state.requests[0]
+            assert summary.constrained and summary.phase == pb.REQUEST_PHASE_RUNNING
+            query = pb.GetRequestStateRequest(request_id="c")
+            assert (await stack.stub.GetRequestState(query)).grammar_status == "ready"
+            call.cancel()
+            await stack.wait_idle()
+    asyncio.run(scenario())
+
+
 def test_without_xgrammar_constrained_requests_are_refused_and_others_work():
     async def scenario():
         async with running_stack(grammar_available=False) as stack:
