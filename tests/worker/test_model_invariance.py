@@ -121,3 +121,14 @@ def test_freed_sequence_id_starts_from_clean_state(runtime: ModelRuntime) -> Non
     assert reused_tokens == fresh_tokens
     assert torch.equal(reused_logits[0], fresh_logits[0])
     assert runtime.live_sequences == 0
+
+
+def test_resuming_a_freed_sequence_mid_way_is_rejected(runtime: ModelRuntime) -> None:
+    """Compressor state lives only in the runtime: a freed sequence cannot continue."""
+    table = table_for(0)
+    prompt = prompt_of(10, seed=9)
+    runtime.step([SequenceChunk(50, 0, prompt, table, table, sample=False)])
+    runtime.free_sequence(50)
+    with pytest.raises(ValueError, match="compressor state"):
+        runtime.step([SequenceChunk(50, 10, [5], table, table, sample=True)])
+    assert runtime.live_sequences == 0

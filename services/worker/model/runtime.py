@@ -96,8 +96,9 @@ class ModelRuntime:
              return_hidden: bool = False) -> StepOutput:
         """Run one forward over every chunk; sample the last position of chunks with `sample`.
 
-        Raises ValueError for a malformed step (a sequence twice, a block table too short);
-        caches and states are untouched then.
+        Raises ValueError for a malformed step (a sequence twice, a block table too short, a
+        sequence resumed at start_pos > 0 after `free_sequence` or never started); caches and
+        states are untouched then.
         """
         self._check(chunks)
         with torch.inference_mode():
@@ -141,6 +142,11 @@ class ModelRuntime:
             seen.add(c.seq_id)
             if not c.token_ids:
                 raise ValueError(f"sequence {c.seq_id}: empty chunk")
+            if c.start_pos > 0 and c.seq_id not in self._states:
+                # Compressor states are not in the paged caches: a sequence must be computed
+                # from position 0 in this runtime (prefix-cache hits are not resumable yet).
+                raise ValueError(f"sequence {c.seq_id}: starts at position {c.start_pos} "
+                                 f"without compressor state (chunks must start at 0)")
             needed = math.ceil((c.start_pos + len(c.token_ids)) / bs)
             for name, table, limit in (("block_table", c.block_table, self.cfg.num_blocks),
                                        ("window_block_table", c.window_block_table,
