@@ -92,7 +92,8 @@ class StepLoop:
         reply: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending_replies.add(reply)
         reply.add_done_callback(self._pending_replies.discard)
-        self._commands.put_nowait(lambda: reply.set_result(query()))
+        # The caller may have gone (cancelled RPC): then nobody wants the answer.
+        self._commands.put_nowait(lambda: reply.done() or reply.set_result(query()))
         return await reply
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -111,7 +112,7 @@ class StepLoop:
         finally:
             self._stopped = True
             self._release_everything()
-            for reply in list(self._pending_replies):
+            for reply in [r for r in self._pending_replies if not r.done()]:
                 reply.set_exception(SchedulerError(ErrorKind.UNAVAILABLE,
                                                    "the scheduler's step loop has stopped"))
 

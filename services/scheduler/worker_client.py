@@ -305,7 +305,7 @@ class WorkerSet:
     async def step(self, plan: StepPlan) -> StepResult:
         """Send the plan to every worker and merge the answers; raises WorkerLost."""
         if not self.ready:
-            raise WorkerLost("workers are not connected")
+            raise WorkerLost(self._lost_reason or "workers are not connected")
         if len(self._connections) == 1:
             requests = [plan_to_proto(plan)]
         else:  # each worker gets the rows of the partitions it holds
