@@ -180,6 +180,24 @@ def test_worker_reporting_not_serving_mid_step_fails_requests_and_the_loop_survi
     asyncio.run(scenario())
 
 
+def test_state_query_abandoned_while_a_step_is_in_flight_does_not_break_the_loop():
+    async def scenario():
+        timeouts = WorkerTimeouts(step_s=1.0, probe_s=1.0)
+        async with running_stack(timeouts=timeouts) as stack:
+            stack.workers[0].worker.hang.set()
+            call = stack.stub.Generate(make_request("stuck", [5, 6, 7], 5))
+            assert (await call.read()).HasField("admitted")
+            with pytest.raises(grpc.aio.AioRpcError) as abandoned:
+                await stack.stub.GetSchedulerState(pb.GetSchedulerStateRequest(), timeout=0.2)
+            assert abandoned.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            with pytest.raises(grpc.aio.AioRpcError):
+                await read_rest(call)
+            stack.workers[0].worker.hang.clear()
+            await stack.wait_ready()
+            assert tokens_of(await stack.generate("next", [5, 6], 3)) == reference_output([5, 6], 3)
+    asyncio.run(scenario())
+
+
 def test_abi_mismatch_is_refused_with_both_versions():
     async def scenario():
         spec = FakeWorkerSpec(abi_version=ABI_VERSION + 98)
