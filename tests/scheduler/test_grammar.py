@@ -177,6 +177,10 @@ class TestDsmlAcceptance:
         assert feed(service, tokenizer, constraint, "It is sunny.") == (True, True)
         assert feed(service, tokenizer, constraint, "Let me check." + PARIS_CALL) == (True, True)
         assert feed(service, tokenizer, constraint, PARIS_CALL + "Done.")[0] is False
+        thinking = build_constraint({"tools": [strict]}, thinking=True)
+        assert feed(service, tokenizer, thinking, "Hmm.</think>Sunny.") == (True, True)
+        assert feed(service, tokenizer, thinking, "Hmm.</think>" + PARIS_CALL) == (True, True)
+        assert feed(service, tokenizer, thinking, "Hmm.<think>")[0] is False
 
     def test_json_schema_response_format(self, service, tokenizer):
         schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
@@ -286,6 +290,8 @@ class TestCompileService:
         matcher = service.matcher(compiled)
         assert isinstance(matcher, RequestMatcher)
         matcher.release()
+        with pytest.raises(GrammarCompileError, match="unknown constraint kind"):
+            asyncio.run(service.compile("yaml", ""))
 
     def test_unavailable_xgrammar(self, monkeypatch):
         monkeypatch.setitem(sys.modules, "xgrammar", None)   # import raises ImportError
