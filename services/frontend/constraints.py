@@ -223,10 +223,8 @@ def _response_format(body: dict[str, Any]) -> Optional[dict[str, Any]]:
             raise ConstraintError("response_format.json_schema.schema must be a JSON schema",
                                   "response_format.json_schema.schema")
         if isinstance(schema, dict):
-            checker = _SchemaChecker("response_format", "response_format.json_schema.schema",
-                                     allow_root_ref=True)
-            checker.defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
-            checker.check(schema, "")
+            _SchemaChecker("response_format", "response_format.json_schema.schema",
+                           allow_root_ref=True).check_document(schema)
         return _json_value(schema)
     raise ConstraintError("response_format.type must be 'text', 'json_object' or 'json_schema'",
                           "response_format.type")
@@ -336,6 +334,12 @@ class _SchemaChecker:
         subject = "response_format" if self.owner == "response_format" else f"tool '{self.owner}'"
         return ConstraintError(f"{subject}: schema keyword '{keyword}' {why}",
                                f"{self.path}{where}")
+
+    def check_document(self, schema: dict[str, Any]) -> None:
+        """Checks a whole JSON-value schema (a response format); its root `#` may be referenced."""
+        self.defs = {keyword: schema[keyword] for keyword in ("$defs", "definitions")
+                     if isinstance(schema.get(keyword), dict)}
+        self.check(schema, "")
 
     def parameters(self, schema: Any) -> list[tuple[dict[str, Any], bool]]:
         """[(parameter format, required)] in schema order."""
