@@ -31,10 +31,6 @@ class CompressorState:
         rows = torch.empty(0, width, dtype=torch.float32, device=device)
         return cls(rows, rows.clone(), None, None)
 
-    def nbytes(self) -> int:
-        tensors = [self.pending_kv, self.pending_score, self.prev_kv, self.prev_score]
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
 
 @dataclass(frozen=True)
 class CompressorSpec:

@@ -39,9 +39,6 @@ class ModelWeights:
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._tensors[name]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._tensors
-
     def hc(self, prefix: str, kind: str) -> HcParams:
         """mHC parameters `{prefix}hc_{kind}_{fn,base,scale}` (kind: attn, ffn or head)."""
         return HcParams(fn=self[f"{prefix}hc_{kind}_fn"], base=self[f"{prefix}hc_{kind}_base"],
