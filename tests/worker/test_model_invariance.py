@@ -123,6 +123,20 @@ def test_freed_sequence_id_starts_from_clean_state(runtime: ModelRuntime) -> Non
     assert runtime.live_sequences == 0
 
 
+def test_restart_at_position_zero_drops_the_old_state(runtime: ModelRuntime) -> None:
+    """A sequence recomputed from position 0 (preemption) must not see its old compressor rows."""
+    short = prompt_of(3, seed=5)
+    table = table_for(2)
+    fresh = runtime.step([SequenceChunk(42, 0, short, table, table, sample=True)],
+                         return_logits=True)
+    runtime.free_sequence(42)
+    runtime.step([SequenceChunk(42, 0, prompt_of(50, seed=6), table, table, sample=False)])
+    restarted = runtime.step([SequenceChunk(42, 0, short, table, table, sample=True)],
+                             return_logits=True)
+    runtime.free_sequence(42)
+    assert torch.equal(restarted.logits[0], fresh.logits[0])
+
+
 def test_resuming_a_freed_sequence_mid_way_is_rejected(runtime: ModelRuntime) -> None:
     """Compressor state lives only in the runtime: a freed sequence cannot continue."""
     table = table_for(0)

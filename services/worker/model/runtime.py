@@ -101,6 +101,10 @@ class ModelRuntime:
         states are untouched then.
         """
         self._check(chunks)
+        for c in chunks:
+            if c.start_pos == 0:
+                # Position 0 starts the sequence over (e.g. recompute after preemption).
+                self._states.pop(c.seq_id, None)
         with torch.inference_mode():
             batch = build_batch([(c.seq_id, c.start_pos, c.token_ids, c.block_table,
                                   c.window_block_table) for c in chunks], self.cfg.device)
