@@ -56,6 +56,11 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # Free text (reasoning, or content before an auto call) never contains think tags or DSML markup,
 # so the parser can never mistake it for a block.
 FREE_TEXT_EXCLUDES = [THINK_OPEN, THINK_CLOSE, DSML]
+# DSML markup and think tags never belong inside a raw string argument either. Excluding them also
+# means a `｜DSML｜` after `</` can only start the closing tag, so the grammar forces the rest of it.
+# (`</｜DSML｜` is listed on its own: XGrammar 0.2.7 lets `｜DSML｜` through right after `</`
+# inside a tag whose end starts that way, measured.)
+RAW_STRING_EXCLUDES = [*FREE_TEXT_EXCLUDES, f"</{DSML}"]
 JSON_MAX_WHITESPACE = 1
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -449,7 +454,7 @@ class _SchemaChecker:
                                                    (not isinstance(high, int) or high < low)):
             raise self.error("minLength", f"{where}.minLength",
                              "must be 0 <= minLength <= maxLength")
-        text: dict[str, Any] = {"type": "any_text"}
+        text: dict[str, Any] = {"type": "any_text", "excludes": RAW_STRING_EXCLUDES}
         if high is not None:
             text["max_chars"] = high - low
         if low == 0:

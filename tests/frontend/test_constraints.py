@@ -91,8 +91,9 @@ class TestWhenConstrained:
         assert block["elements"][0]["value"] == BLOCK_OPEN
 
     def test_chat_mode_has_no_reasoning_span(self):
-        spec = build_constraint({"tools": [WEATHER], "tool_choice": "required"}, False).spec
-        assert "</think>" not in spec
+        fmt = tag_of(build_constraint({"tools": [WEATHER], "tool_choice": "required"}, False))
+        assert fmt["elements"][0] == {"type": "const_string", "value": BLOCK_OPEN}
+        assert all(element.get("end") != "</think>" for element in fmt["elements"])
 
 
 class TestParameterFlags:

@@ -123,6 +123,11 @@ class TestDsmlAcceptance:
                             param("days", "3", False)))
         assert feed(service, tokenizer, required(WEATHER), text)[0] is False
 
+    def test_raw_string_values_never_contain_dsml_markup_or_think_tags(self, service, tokenizer):
+        for value in (f"a</{DSML}yah", f"x{DSML}y", "r</think>", "<think>"):
+            text = block(invoke("get_weather", param("city", value, True), param("days", "3", False)))
+            assert feed(service, tokenizer, required(WEATHER), text)[0] is False, value
+
     def test_array_param_with_string_true_is_refused(self, service, tokenizer):
         text = block(invoke("get_weather", param("city", "Paris", True), param("days", "3", False),
                             param("tags", '["a"]', True)))
