@@ -3,6 +3,10 @@
 One shared kv vector per token serves as key and value. Projections run batched over every row of
 the step; the cache reads and the softmax run per chunk (one sequence's rows).
 
+Every query attends over a key layout that depends only on its own position — W window slots, then
+its c(t) compressed slots — so its arithmetic (and every discrete decision downstream: FP8 rounding,
+top-k) is the same however the sequence was chunked or batched.
+
 Keys visible to query t: raw kv at positions max(0, t−W+1)..t (the `window` group), plus compressed
 entry j iff j < (t+1)//ratio — all of them for ratio 128, the indexer's top-k for ratio 4.
 A per-head sink adds exp(sink) to the softmax denominator and has no value.
@@ -100,39 +104,47 @@ class AttentionLayer:
             rows = chunk.rows
             state = states.setdefault(chunk.seq_id, {})
             window_keys, window_mask = self._window(chunk, kv[rows], cache)
-            cmp_keys = cmp_mask = None
+            n_rows = window_keys.shape[0]
+            cmp_keys = window_keys.new_zeros(n_rows, 0, cfg.head_dim)
+            cmp_counts = torch.zeros(n_rows, dtype=torch.int64, device=q.device)
             if self.kv_spec is not None:
                 entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, state,
                                          cache, cache.entries[self.layer_id])
-                visible = (torch.arange(entries.shape[0], device=entries.device)[None, :]
-                           < ((chunk.positions + 1) // self.ratio)[:, None])
-                if self.index_spec is None:
-                    cmp_keys, cmp_mask = entries, visible
-                else:
+                cmp_counts = (chunk.positions + 1) // self.ratio
+                cmp_keys = entries.expand(n_rows, -1, -1)
+                if self.index_spec is not None:
                     keys = self._compress(self.index_spec, "index", chunk, projected["index"],
                                           rows, state, cache, cache.index_keys[self.layer_id])
-                    cmp_keys, cmp_mask = self._select(index_q[rows], index_w[rows], keys,
-                                                      entries, visible)
-            out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_mask,
+                    cmp_keys, cmp_counts = self._select(index_q[rows], index_w[rows], keys,
+                                                        entries, cmp_counts)
+            out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_counts,
                                 w[p + "attn_sink"], cfg.head_dim ** -0.5)
-        o = self._rope(out, positions, inverse=True)
+        return self._output(self._rope(out, positions, inverse=True))
+
+    def _output(self, o: torch.Tensor) -> torch.Tensor:
+        """Grouped low-rank projection: heads split into o_groups contiguous groups, each through
+        its slice of wo_a, concatenated, then wo_b. o [T, H, d] → [T, D]."""
+        cfg, w, p = self.config, self.w, self.prefix
         groups = cfg.o_groups
         wo_a = w[p + "wo_a.weight"].view(groups, cfg.o_lora_rank, -1)
-        o = torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], groups, -1), wo_a)
-        return numerics.linear(o.flatten(1), w[p + "wo_b.weight"])
+        grouped = o.reshape(o.shape[0], groups, -1)
+        low_rank = torch.cat([numerics.linear(grouped[:, g], wo_a[g]) for g in range(groups)],
+                             dim=-1)
+        return numerics.linear(low_rank, w[p + "wo_b.weight"])
 
     def _window(self, chunk: ChunkRows, kv: torch.Tensor, cache: PagedKvCache
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the chunk's raw rows, read back the window its queries see → (keys, mask)."""
+        """Store the chunk's raw rows, read back each query's window
+        → (keys [L, W, d] for positions t−W+1..t, mask [L, W]: False before position 0)."""
         table = chunk.window_block_table
         cache.write_window(self.layer_id, cache.window_slots(table, chunk.positions), kv)
         window = self.config.sliding_window
-        key_pos = torch.arange(max(0, chunk.start_pos - window + 1), chunk.end_pos,
-                               device=kv.device)
-        keys = cache.read_window(self.layer_id, cache.window_slots(table, key_pos))
-        q_pos = chunk.positions[:, None]
-        mask = (key_pos[None, :] <= q_pos) & (key_pos[None, :] > q_pos - window)
-        return keys, mask
+        offsets = torch.arange(1 - window, 1, device=kv.device)
+        key_pos = chunk.positions[:, None] + offsets[None, :]
+        mask = key_pos >= 0
+        slots = cache.window_slots(table, key_pos.clamp(min=0).flatten())
+        keys = cache.read_window(self.layer_id, slots).view(*key_pos.shape, -1)
+        return keys.masked_fill(~mask[..., None], 0), mask
 
     def _compress(self, spec: CompressorSpec, name: str, chunk: ChunkRows,
                   projected: tuple[torch.Tensor, torch.Tensor], rows: slice,
@@ -151,56 +163,51 @@ class AttentionLayer:
                                   spec.ratio)
 
     def _select(self, index_q: torch.Tensor, index_w: torch.Tensor, index_keys: torch.Tensor,
-                entries: torch.Tensor, visible: torch.Tensor
-                ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """Indexer: score Σ_h relu(q_h·k_j)·w_h, keep the top index_topk visible entries
-        → (gathered entries [L, k, d], valid [L, k]) or (None, None) when none exist.
+                entries: torch.Tensor, n_visible: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indexer: score Σ_h relu(q_h·k_j)·w_h over each query's n_visible entries and keep the
+        top index_topk → (chosen entries [L, k, d], count per query [L]: its first slots).
 
         Exact ties are common (relu zeros) and torch.topk breaks them by the row's length, so
         each query ranks a row of exactly its own visible entries, as a decode step does. This
         keeps the choice independent of how the sequence was chunked.
         """
-        k = min(self.config.index_topk, entries.shape[0])
-        if k == 0:
-            return None, None
-        scores = (torch.einsum("lhd,nd->lhn", index_q, index_keys).relu()
-                  * index_w.unsqueeze(-1)).sum(dim=1)
-        n_visible = visible.sum(dim=1)
-        chosen = torch.zeros(scores.shape[0], k, dtype=torch.int64, device=scores.device)
-        valid = torch.zeros(scores.shape[0], k, dtype=torch.bool, device=scores.device)
-        for n in torch.unique(n_visible).tolist():
-            if n == 0:
-                continue
-            rows = n_visible == n
-            kk = min(k, n)
-            chosen[rows, :kk] = scores[rows, :n].topk(kk, dim=-1).indices
-            valid[rows, :kk] = True
-        return entries[chosen], valid
+        topk = self.config.index_topk
+        k = min(topk, entries.shape[0])
+        chosen = torch.zeros(index_q.shape[0], k, dtype=torch.int64, device=index_q.device)
+        if k:
+            scores = (torch.einsum("lhd,nd->lhn", index_q, index_keys).relu()
+                      * index_w.unsqueeze(-1)).sum(dim=1)
+            for n in torch.unique(n_visible).tolist():
+                if n:
+                    rows = n_visible == n
+                    chosen[rows, :min(k, n)] = scores[rows, :n].topk(min(k, n), dim=-1).indices
+        return entries[chosen], n_visible.clamp(max=topk)
 
 
 def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tensor,
-            cmp_keys: Optional[torch.Tensor], cmp_mask: Optional[torch.Tensor],
-            sink: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [L, H, d]; window keys [K, d]; compressed keys [n, d] (shared) or [L, n, d] (per query).
+            cmp_keys: torch.Tensor, cmp_counts: torch.Tensor, sink: torch.Tensor, scale: float
+            ) -> torch.Tensor:
+    """q [L, H, d]; window keys [L, W, d] with mask [L, W]; compressed keys [L, n, d] of which
+    query l sees the first cmp_counts[l].
 
-    fp32 softmax over window ∪ compressed keys whose denominator also holds exp(sink_h).
+    fp32 softmax over the visible keys whose denominator also holds exp(sink_h). Queries are
+    grouped by their compressed count so each runs on exactly its own W + c keys.
     """
-    qf = q.float()
-    wk = window_keys.float()
-    scores = [torch.einsum("lhd,kd->lhk", qf, wk).mul(scale)
-              .masked_fill(~window_mask[:, None, :], float("-inf"))]
-    ck = None
-    if cmp_keys is not None:
-        ck = cmp_keys.float()
-        pattern = "lhd,nd->lhn" if ck.dim() == 2 else "lhd,lnd->lhn"
-        scores.append(torch.einsum(pattern, qf, ck).mul(scale)
-                      .masked_fill(~cmp_mask[:, None, :], float("-inf")))
-    s = torch.cat(scores, dim=-1)
-    sink_col = sink.float()[None, :, None].expand(s.shape[0], -1, 1)
-    probs = torch.exp(s - torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1, keepdim=True))
-    n_window = wk.shape[0]
-    o = torch.einsum("lhk,kd->lhd", probs[..., :n_window], wk)
-    if ck is not None:
-        pattern = "lhn,nd->lhd" if ck.dim() == 2 else "lhn,lnd->lhd"
-        o = o + torch.einsum(pattern, probs[..., n_window:], ck)
-    return o.to(q.dtype)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for count in torch.unique(cmp_counts).tolist():
+        rows = cmp_counts == count
+        keys = torch.cat([window_keys[rows], cmp_keys[rows, :count]], dim=1).float()
+        scores = torch.einsum("lhd,lkd->lhk", q[rows].float(), keys).mul(scale)
+        visible = _key_mask(window_mask[rows], count)
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        sink_col = sink.float()[None, :, None].expand(scores.shape[0], -1, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink_col], dim=-1), dim=-1, keepdim=True)
+        out[rows] = torch.einsum("lhk,lkd->lhd", torch.exp(scores - lse), keys)
+    return out.to(q.dtype)
+
+
+def _key_mask(window_mask: torch.Tensor, count: int) -> torch.Tensor:
+    """[L, W + count]: the window mask followed by `count` visible compressed slots."""
+    visible = window_mask.new_ones(window_mask.shape[0], count)
+    return torch.cat([window_mask, visible], dim=1)

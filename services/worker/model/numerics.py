@@ -105,7 +105,7 @@ def _hadamard_matrix(n: int) -> torch.Tensor:
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """Walsh–Hadamard rotation of the last dim (computed in fp32, returned in x's dtype)."""
     h = _hadamard_matrix(x.shape[-1]).to(x.device)
-    return (x.float() @ h).to(x.dtype)
+    return linear(x.float(), h).to(x.dtype)   # h is symmetric: x @ h == x @ h.T
 
 
 def rope_inv_freq(rope_dim: int, theta: float, yarn: tuple[int, float, float, float] | None
