@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,6 +21,19 @@ def find_shared_dir() -> Path | None:
         if candidate and (Path(candidate) / "conformance").is_dir():
             return Path(candidate)
     return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """In-process model work runs on one intra-op thread, like the worker's CPU ranks: the test
+    models are too small to gain from threads, and on a shared 2-core machine OpenMP hand-offs cost
+    more than the math (measured 10x slower)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

@@ -99,9 +99,9 @@ class TestWhenConstrained:
 class TestParameterFlags:
     def test_flag_is_fixed_by_schema_type(self):
         spec = build_constraint({"tools": [WEATHER], "tool_choice": "required"}, False).spec
-        assert f'parameter name=\\"city\\" string=\\"true\\">' in spec
-        assert f'parameter name=\\"days\\" string=\\"false\\">' in spec
-        assert f'parameter name=\\"tags\\" string=\\"false\\">' in spec
+        assert 'parameter name=\\"city\\" string=\\"true\\">' in spec
+        assert 'parameter name=\\"days\\" string=\\"false\\">' in spec
+        assert 'parameter name=\\"tags\\" string=\\"false\\">' in spec
         assert 'string=\\"true|false' not in spec
 
     def test_string_enum_becomes_exactly_those_raw_strings(self):

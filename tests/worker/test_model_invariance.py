@@ -19,16 +19,6 @@ BLOCKS_PER_SEQ = 12         # 192 positions
 NUM_SEQS = 9
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model's matrices are too small to gain from threads; on a shared CI machine
-    thread hand-offs cost more than the math (measured: 10x slower with 2 busy cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
     blocks = BLOCKS_PER_SEQ * NUM_SEQS

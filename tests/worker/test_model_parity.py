@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,16 +23,6 @@ from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceC
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32        # 512 positions per sequence: every golden prompt + 24 tokens fits
 GREEDY_TOKENS = 24
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model's matrices are too small to gain from threads; on a shared CI machine
-    thread hand-offs cost more than the math (measured: 10x slower with 2 busy cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

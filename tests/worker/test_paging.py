@@ -18,16 +18,6 @@ PROMPT_LEN = 70
 NEW_TOKENS = 12       # decodes up to position 81: the window slides over several blocks
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model's matrices are too small to gain from threads; on a shared CI machine
-    thread hand-offs cost more than the math (measured: 10x slower with 2 busy cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
     return ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32, device="cpu",

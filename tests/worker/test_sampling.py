@@ -13,16 +13,6 @@ from services.worker.model.sampling import NoAllowedToken, greedy_sample, unpack
 VOCAB = 100
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model's matrices are too small to gain from threads; on a shared CI machine
-    thread hand-offs cost more than the math (measured: 10x slower with 2 busy cores)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def bitmask_of(allowed: list[int], vocab: int = VOCAB) -> torch.Tensor:
     """XGrammar layout: bit i of int32 word w allows token 32·w + i."""
     words = [0] * ((vocab + 31) // 32)
