@@ -1,11 +1,18 @@
-"""Decode throughput of the bare model runtime, the baseline the served stack is compared against.
+"""Decode throughput through all three services next to the bare model forward, and the cost of
+constrained decoding per token.
 
     python bench/bench_e2e_vs_forward.py [--model DIR] [--batch 8] [--prompt-len 32] [--steps 16]
 
-Measures `ModelRuntime.step` alone: `--batch` sequences are prefilled in one step, one decode step
-warms up, then `--steps` decode steps of `--batch` single-token rows are timed. The end-to-end side
-(the same decode through frontend → scheduler → worker) is added by the integrator next to it, so
-both figures come from one run on one machine. Default model: the tiny-a checkpoint.
+1. Bare forward: `ModelRuntime.step` alone — `--batch` sequences prefilled in one step, one warm-up
+   decode step, then `--steps` timed decode steps of `--batch` single-token rows.
+2. End to end: the same shape through frontend → scheduler → worker, started with the project's own
+   launcher (`dsv4serve stack`): `--batch` concurrent streaming /v1/completions requests with
+   token-id prompts of `--prompt-len`; decode tok/s counts tokens after each stream's first one,
+   over the time from the first first-token to the last token.
+3. Constrained vs unconstrained: mean inter-token latency of streaming chat requests at batch 1 and
+   `--batch`, with a strict tool and `tool_choice: "auto"` (the grammar runs every step while the
+   model writes free text) against the same request without tools.
+Both sides use one intra-op thread (the worker's default on CPU). Default model: tiny-a.
 """
 from __future__ import annotations
 
@@ -75,6 +82,34 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+STRICT_TOOL = {"type": "function", "function": {
+    "name": "lookup", "strict": True, "description": "Look something up",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                   "required": ["query"], "additionalProperties": False}}}
+
+
+def measure_end_to_end(model_dir: Path, batch: int, prompt_len: int, steps: int) -> None:
+    from bench.stack_load import (LocalStack, concurrent_streams, decode_tokens_per_s,
+                                  mean_inter_token_ms, token_prompts)
+
+    with LocalStack(model_dir, ("--max-num-seqs", str(max(8, batch)))) as stack:
+        completion = {"model": "bench", "max_tokens": steps + 1, "temperature": 0}
+        concurrent_streams(stack.base_url, "/v1/completions", [{**completion, "prompt": [0, 5, 6]}])  # warm-up
+        streams = concurrent_streams(stack.base_url, "/v1/completions",
+                                     [{**completion, "prompt": p} for p in token_prompts(batch, prompt_len)])
+        print(f"end-to-end decode model={model_dir.name} batch={batch}: "
+              f"{decode_tokens_per_s(streams):.1f} tok/s")
+        for size in (1, batch):
+            chat = {"model": "bench", "max_tokens": steps + 1, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Say something."}]}
+            plain = concurrent_streams(stack.base_url, "/v1/chat/completions", [chat] * size)
+            constrained = concurrent_streams(stack.base_url, "/v1/chat/completions",
+                                             [{**chat, "tools": [STRICT_TOOL], "tool_choice": "auto"}] * size)
+            a, b = mean_inter_token_ms(plain), mean_inter_token_ms(constrained)
+            print(f"inter-token latency batch={size}: unconstrained {a:.1f} ms, constrained (auto, strict "
+                  f"tool) {b:.1f} ms, ratio {b / a:.3f}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: tiny-a)")
@@ -83,13 +118,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--torch-threads", type=int, default=1, help="as the worker's default on CPU")
+    parser.add_argument("--skip-end-to-end", action="store_true")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.torch_threads)
     model_dir = args.model or default_model_dir()
     figures = measure_forward_decode(model_dir, args.batch, args.prompt_len, args.steps,
                                      getattr(torch, args.dtype), args.device)
     print(f"forward decode  model={model_dir.name} batch={figures.batch} dtype={args.dtype} "
           f"device={args.device}: {figures.tokens_per_s:.1f} tok/s "
           f"({figures.ms_per_step:.1f} ms/step over {figures.steps} steps)")
+    if not args.skip_end_to_end:
+        measure_end_to_end(model_dir, args.batch, args.prompt_len, args.steps)
 
 
 if __name__ == "__main__":
