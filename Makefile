@@ -6,7 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# where PyPI's default torch wheel is a CUDA build you do not want.
+TORCH_PIP_ARGS ?=
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -22,7 +24,7 @@ setup: $(STAMP)
 # The CPU build of torch goes in first, so the project install does not pull a CUDA build.
 $(STAMP):
 	@test -x $(VENV_PYTHON) || $(PYTHON) -m venv $(VENV)
-	$(VENV_PYTHON) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX_URL)
+	$(VENV_PYTHON) -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
 	$(VENV_PYTHON) -m pip install --quiet -e '.[test]'
 	@rm -f $(VENV)/.dsv4serve-setup-*
 	@touch $@
