@@ -91,52 +91,47 @@ def text_completion_body(header: ResponseHeader, text: str, finish_reason: str,
             "usage": usage}
 
 
-class ChatChunks:
-    """`chat.completion.chunk` objects of one stream."""
+class _StreamChunks:
+    """Chunks of one stream: every chunk carries the response header, and `usage: null` when the
+    client asked for a final usage chunk."""
+
+    object_name = ""
 
     def __init__(self, header: ResponseHeader, include_usage: bool) -> None:
         self._header = header
         self._include_usage = include_usage
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        chunk = self._chunk([])
+        chunk["usage"] = usage_body(prompt_tokens, completion_tokens)
+        return chunk
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk = {"id": self._header.response_id, "object": self.object_name,
+                 "created": self._header.created, "model": self._header.model, "choices": choices}
+        if self._include_usage:
+            chunk["usage"] = None
+        return chunk
+
+
+class ChatChunks(_StreamChunks):
+    """`chat.completion.chunk` objects of one stream."""
+
+    object_name = "chat.completion.chunk"
 
     def delta(self, delta: dict[str, Any], finish_reason: Optional[str] = None) -> dict[str, Any]:
         return self._chunk([{"index": 0, "delta": delta, "logprobs": None,
                              "finish_reason": finish_reason}])
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        chunk = self._chunk([])
-        chunk["usage"] = usage_body(prompt_tokens, completion_tokens)
-        return chunk
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        chunk = {"id": self._header.response_id, "object": "chat.completion.chunk",
-                 "created": self._header.created, "model": self._header.model, "choices": choices}
-        if self._include_usage:
-            chunk["usage"] = None
-        return chunk
-
-
-class TextChunks:
+class TextChunks(_StreamChunks):
     """`text_completion` chunks of one /v1/completions stream."""
 
-    def __init__(self, header: ResponseHeader, include_usage: bool) -> None:
-        self._header = header
-        self._include_usage = include_usage
+    object_name = "text_completion"
 
     def text(self, text: str, finish_reason: Optional[str] = None) -> dict[str, Any]:
         return self._chunk([{"index": 0, "text": text, "logprobs": None,
                              "finish_reason": finish_reason}])
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        chunk = self._chunk([])
-        chunk["usage"] = usage_body(prompt_tokens, completion_tokens)
-        return chunk
-
-    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        chunk = {"id": self._header.response_id, "object": "text_completion",
-                 "created": self._header.created, "model": self._header.model, "choices": choices}
-        if self._include_usage:
-            chunk["usage"] = None
-        return chunk
 
 
 def chat_delta_payload(delta: Delta) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -28,27 +27,8 @@ USER_TURN = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory):
-    h = GatewayHarness(Path(tmp_path_factory.mktemp("gateway")) / "model")
-    yield h
-    h.close()
-
-
-@pytest.fixture
-def fake(harness: GatewayHarness):
-    harness.fake.reset()
-    return harness.fake
-
-
-@pytest.fixture(scope="module")
 def client(harness: GatewayHarness):
     return openai.OpenAI(base_url=harness.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(harness: GatewayHarness):
-    with httpx.Client(base_url=harness.base_url, timeout=30) as c:
-        yield c
 
 
 def test_non_stream_chat_returns_the_scripted_answer_with_usage(client, fake, harness):

@@ -7,7 +7,6 @@ scheduler admits the request. Bodies never echo large inputs back.
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import grpc
 import httpx
@@ -17,29 +16,10 @@ from starlette.testclient import TestClient
 
 from services.common.config import FrontendConfig
 from services.frontend.app import create_app
-from tests.frontend.fake_scheduler import SERVED_MODEL, GatewayHarness, Script, shared_tokenizer
+from tests.frontend.fake_scheduler import SERVED_MODEL, Script, shared_tokenizer
 
 USER_TURN = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
-
-
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory):
-    h = GatewayHarness(Path(tmp_path_factory.mktemp("gateway-errors")) / "model")
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def http(harness: GatewayHarness):
-    with httpx.Client(base_url=harness.base_url, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def fake(harness: GatewayHarness):
-    harness.fake.reset()
-    return harness.fake
 
 
 def chat(**fields) -> dict:

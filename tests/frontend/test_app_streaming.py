@@ -3,36 +3,15 @@ from __future__ import annotations
 
 import json
 import socket
-from pathlib import Path
 
 import grpc
 import httpx
-import pytest
 
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
-from tests.frontend.fake_scheduler import SERVED_MODEL, GatewayHarness, Script
+from tests.frontend.fake_scheduler import SERVED_MODEL, Script
 from tests.frontend.test_app import WEATHER_CALL_TEXT, WEATHER_TOOL
 
 USER_TURN = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory):
-    h = GatewayHarness(Path(tmp_path_factory.mktemp("gateway-streaming")) / "model")
-    yield h
-    h.close()
-
-
-@pytest.fixture(scope="module")
-def http(harness: GatewayHarness):
-    with httpx.Client(base_url=harness.base_url, timeout=30) as c:
-        yield c
-
-
-@pytest.fixture
-def fake(harness: GatewayHarness):
-    harness.fake.reset()
-    return harness.fake
 
 
 def sse_payloads(response: httpx.Response) -> list:

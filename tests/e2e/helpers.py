@@ -1,0 +1,127 @@
+"""Small helpers for end-to-end tests: the scheduler's state RPC and condition waits."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import grpc
+import httpx
+
+from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+T = TypeVar("T")
+
+
+def scheduler_state(address: str, include_requests: bool = False) -> scheduler_pb2.GetSchedulerStateResponse:
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        return stub.GetSchedulerState(
+            scheduler_pb2.GetSchedulerStateRequest(include_requests=include_requests), timeout=10)
+
+
+def is_idle(state: scheduler_pb2.GetSchedulerStateResponse) -> bool:
+    """No request holds anything: queues empty, no matcher, every block of every group free."""
+    blocks_free = all(group.free_blocks == group.total_blocks
+                      for partition in state.partitions for group in partition.groups)
+    return (state.num_running == 0 and state.num_waiting == 0 and state.num_grammar_pending == 0
+            and state.num_live_matchers == 0 and blocks_free)
+
+
+def describe_usage(state: scheduler_pb2.GetSchedulerStateResponse) -> str:
+    groups = ", ".join(f"p{p.partition_id}/{g.group}: {g.free_blocks}/{g.total_blocks} free"
+                       for p in state.partitions for g in p.groups)
+    return (f"running={state.num_running} waiting={state.num_waiting} "
+            f"grammar_pending={state.num_grammar_pending} matchers={state.num_live_matchers} [{groups}]")
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
+    """Poll `condition` until it returns a truthy value or the deadline passes; return the last value."""
+    deadline = time.monotonic() + timeout_s
+    value = condition()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = condition()
+    return value
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NAME = "services-e2e"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Services:
+    """worker, scheduler and frontend as separate `python -m services.<name>` processes on free ports,
+    so a test can kill, restart or change the environment of one of them."""
+
+    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.log_dir = log_dir
+        self.worker_port, self.scheduler_port, self.frontend_port = (_free_port() for _ in range(3))
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.extra_env: dict[str, dict[str, str]] = {}
+        self.base_url = f"http://127.0.0.1:{self.frontend_port}"
+
+    def start(self, name: str) -> None:
+        common = ["--model", str(self.model_dir), "--host", "127.0.0.1"]
+        args = {
+            "worker": ["--port", str(self.worker_port), "--kv-cache-memory", "128MiB", "--max-model-len", "2048"],
+            "scheduler": ["--port", str(self.scheduler_port), "--served-model-name", NAME,
+                          "--workers", f"127.0.0.1:{self.worker_port}", "--max-model-len", "2048"],
+            "frontend": ["--port", str(self.frontend_port), "--served-model-name", NAME,
+                         "--scheduler", f"127.0.0.1:{self.scheduler_port}"],
+        }[name]
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen([sys.executable, "-m", f"services.{name}", *common, *args],
+                                                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                     **self.extra_env.get(name, {})})
+
+    def __enter__(self) -> "Services":
+        try:
+            for name in ("worker", "scheduler", "frontend"):
+                self.start(name)
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait()
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
+                         for log in sorted(self.log_dir.glob("*.log")))
+
+
+def health_status(http: httpx.Client) -> int:
+    """The frontend's /health status code, 0 when it does not answer."""
+    try:
+        return http.get("/health", timeout=5).status_code
+    except httpx.TransportError:
+        return 0
