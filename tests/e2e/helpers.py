@@ -17,6 +17,11 @@ from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 T = TypeVar("T")
 
+# Tokens that end things, nudged so that every grammar context has one among its top choices:
+# `</` then `｜DSML｜` (only legal there as the closing tag) ends a raw string, `"` a JSON string,
+# `]`/`}` arrays and objects, `</think>` the reasoning span. Values found by measurement.
+STEERING = {"</": 10, "｜DSML｜": 20, '"': 9, "]": 8, "}": 8, "</think>": 10}
+
 
 def scheduler_state(address: str, include_requests: bool = False) -> scheduler_pb2.GetSchedulerStateResponse:
     with grpc.insecure_channel(address) as channel:
@@ -125,3 +130,17 @@ def health_status(http: httpx.Client) -> int:
         return http.get("/health", timeout=5).status_code
     except httpx.TransportError:
         return 0
+
+
+def steering_bias(model_dir: Path) -> dict[str, int]:
+    """OpenAI `logit_bias` that steers the random-weight model's greedy decoding towards closing
+    values and blocks, so constrained calls finish (greedy stays greedy)."""
+    from services.frontend.tokenizer import Dsv4Tokenizer
+
+    tokenizer = Dsv4Tokenizer(model_dir)
+    bias = {}
+    for text, value in STEERING.items():
+        ids = tokenizer.encode(text)
+        assert len(ids) == 1, f"{text!r} is not one token: {ids}"
+        bias[str(ids[0])] = value
+    return bias

@@ -24,7 +24,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.helpers import describe_usage, is_idle, scheduler_state, wait_for
+from tests.e2e.helpers import describe_usage, is_idle, scheduler_state, steering_bias, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +35,6 @@ COMBOS_PER_TOOL = 4
 # Auto-mode cases end in free text with this steering (see the module docstring), so they only need
 # enough tokens to show that free text never carries markup.
 MAX_TOKENS_AUTO = 40
-# Tokens that end things, nudged so that every grammar context has one among its top choices:
-# `</` then `｜DSML｜` (only legal there as the closing tag) ends a raw string, `"` a JSON string,
-# `]`/`}` arrays and objects, `</think>` the reasoning span. Values found by measurement.
-STEERING = {"</": 10, "｜DSML｜": 20, '"': 9, "]": 8, "}": 8, "</think>": 10}
 
 
 @dataclass(frozen=True)
@@ -72,18 +68,6 @@ def _corpus() -> list[dict[str, Any]]:
 
 def _strict(tool: dict[str, Any]) -> dict[str, Any]:
     return {**tool, "function": {**tool["function"], "strict": True}}
-
-
-def _steering_bias(model_dir: Path) -> dict[str, int]:
-    from services.frontend.tokenizer import Dsv4Tokenizer
-
-    tokenizer = Dsv4Tokenizer(model_dir)
-    bias = {}
-    for text, value in STEERING.items():
-        ids = tokenizer.encode(text)
-        assert len(ids) == 1, f"{text!r} is not one token: {ids}"
-        bias[str(ids[0])] = value
-    return bias
 
 
 def _request(case: Case, tools: list[dict[str, Any]], model: str, bias: dict[str, int],
@@ -156,7 +140,7 @@ def client(stack) -> openai.OpenAI:
 def test_every_constrained_call_is_declared_and_validates(stack, client) -> None:
     tools = _corpus()
     assert len(tools) >= 40
-    bias = _steering_bias(stack.model_dir)
+    bias = steering_bias(stack.model_dir)
     cases = _balanced_cases(len(tools))
     bodies = [_request(case, tools, stack.served_model_name, bias,
                        MAX_TOKENS_AUTO if case.choice == "auto" else MAX_TOKENS) for case in cases]
@@ -179,7 +163,7 @@ def test_every_constrained_call_is_declared_and_validates(stack, client) -> None
 
 def test_a_call_cut_by_max_tokens_reports_length_and_no_call(stack, client) -> None:
     tools = _corpus()
-    bias = _steering_bias(stack.model_dir)
+    bias = steering_bias(stack.model_dir)
     for stream in (False, True):
         case = Case(0, "required", False, stream)
         outcome = _run(client, case, _request(case, tools, stack.served_model_name, bias, max_tokens=12))
@@ -193,7 +177,7 @@ def test_the_operators_guide_shell_request_returns_one_shell_call(stack, http: h
                        "required": ["command"], "additionalProperties": False}}}
     body = {"model": stack.served_model_name, "temperature": 0, "max_tokens": 256,
             "messages": [{"role": "user", "content": "List the files in /tmp."}],
-            "tools": [shell], "tool_choice": "required", "logit_bias": _steering_bias(stack.model_dir)}
+            "tools": [shell], "tool_choice": "required", "logit_bias": steering_bias(stack.model_dir)}
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]

@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.helpers import steering_bias
+
 pytestmark = pytest.mark.slow
 
 WEATHER_TOOL = {
@@ -105,7 +107,7 @@ def test_multi_turn_tool_conversation_round_trips(client, stack) -> None:
     first_messages = _messages("Weather in Paris for 2 days?")
     first = client.chat.completions.create(
         model=stack.served_model_name, messages=first_messages, tools=[WEATHER_TOOL], tool_choice="required",
-        max_tokens=200, temperature=0, logit_bias=_closing_bias(stack))
+        max_tokens=200, temperature=0, logit_bias=steering_bias(stack.model_dir))
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     call = choice.message.tool_calls[0]
@@ -131,16 +133,3 @@ def test_multi_turn_tool_conversation_round_trips(client, stack) -> None:
     assert f'<｜DSML｜parameter name="city" string="true">{arguments["city"]}</｜DSML｜parameter>' in prompt
     assert "<tool_result>sunny, 21C</tool_result>" in prompt
     assert prompt.endswith("<｜Assistant｜></think>")
-
-
-def _closing_bias(stack) -> dict[str, int]:
-    """Random weights rarely end a string value; nudge greedy decoding towards the tokens that do."""
-    from services.frontend.tokenizer import Dsv4Tokenizer
-
-    tokenizer = Dsv4Tokenizer(stack.model_dir)
-    closers = ["</", "｜DSML｜", "parameter", ">", "\n", "1", "2"]
-    bias: dict[str, int] = {}
-    for text in closers:
-        for token_id in tokenizer.encode(text):
-            bias[str(token_id)] = 30
-    return bias
