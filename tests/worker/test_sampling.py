@@ -54,6 +54,12 @@ def test_bitmask_layout_matches_the_id_list(logits: torch.Tensor) -> None:
     assert torch.nonzero(unpacked).flatten().tolist() == [0, 31, 63, 99]
 
 
+def test_bitmask_picks_the_lowest_allowed_id_among_tied_maxima(logits: torch.Tensor) -> None:
+    logits[50] = logits[42] = logits[60] = 6.0
+    assert greedy_sample(logits, token_bitmask=bitmask_of(list(range(VOCAB)))) == 42
+    assert greedy_sample(logits, token_bitmask=bitmask_of([60, 50, 7])) == 50
+
+
 def test_bias_cannot_reenable_a_masked_token(logits: torch.Tensor) -> None:
     bias = (torch.tensor([42]), torch.tensor([100.0]))
     assert greedy_sample(logits, allowed_token_ids=torch.tensor([7, 63]), logit_bias=bias) == 7

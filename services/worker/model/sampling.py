@@ -53,10 +53,19 @@ def greedy_sample(logits: torch.Tensor,
         ids, values = logit_bias
         scores = scores.index_add(0, ids.to(scores.device, torch.int64),
                                   values.to(scores.device, torch.float32))
+    if allowed_token_ids is None:
+        best = int(torch.argmax(scores))
+        if token_bitmask is None or _bit_is_set(token_bitmask, best):
+            # The unmasked argmax is allowed, so it is also the masked one (the lowest id among the
+            # maxima either way). Wide masks (free text, reasoning) almost always end here, without
+            # unpacking 129k bits.
+            return best
     allowed = allowed_tokens(scores.numel(), allowed_token_ids, token_bitmask, scores.device)
-    if allowed is None:
-        return int(torch.argmax(scores))
-    candidates = torch.nonzero(allowed).flatten()
-    if candidates.numel() == 0:
+    if not bool(allowed.any()):
         raise NoAllowedToken("the grammar mask allows no token")
-    return int(candidates[torch.argmax(scores[candidates])])
+    return int(torch.argmax(scores.masked_fill(~allowed, float("-inf"))))
+
+
+def _bit_is_set(words: torch.Tensor, token_id: int) -> bool:
+    word = int(words[token_id // 32]) & 0xFFFFFFFF
+    return bool((word >> (token_id % 32)) & 1)
