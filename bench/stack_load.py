@@ -85,10 +85,12 @@ def concurrent_streams(base_url: str, path: str, bodies: list[dict[str, Any]]) -
 
 
 def decode_tokens_per_s(streams: list[Stream]) -> float:
-    """Tokens after each stream's first, over the span from the earliest first token to the last."""
-    started = min(s.token_times[0] for s in streams if s.token_times)
-    ended = max(s.token_times[-1] for s in streams if s.token_times)
-    return sum(s.decode_tokens for s in streams) / (ended - started)
+    """Tokens per second while every stream is decoding: the window from the last stream's first
+    token to the first stream's last token, so staggered arrivals and prefills do not count."""
+    started = max(s.token_times[0] for s in streams)
+    ended = min(s.token_times[-1] for s in streams)
+    tokens = sum(1 for s in streams for t in s.token_times if started < t <= ended)
+    return tokens / (ended - started)
 
 
 def mean_inter_token_ms(streams: list[Stream]) -> float:
