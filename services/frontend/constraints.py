@@ -38,12 +38,12 @@ Decisions (the API contract leaves them open):
 """
 from __future__ import annotations
 
-import enum
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from services.common.constraint_kind import ConstraintKind
 from services.frontend.errors import RequestError
 
 DSML = "｜DSML｜"
@@ -101,14 +101,6 @@ RAW_FORMAT_REGEX = {
     "hostname": rf"{_LABEL}(\.{_LABEL})*",
     "uri": r"https?://[A-Za-z0-9]+(\.[A-Za-z0-9\-]+)*(/[A-Za-z0-9._~\-]*)*",
 }
-
-
-class ConstraintKind(enum.IntEnum):
-    """Mirrors scheduler.proto `ConstraintType` (same numbers)."""
-
-    STRUCTURAL_TAG = 1
-    JSON_SCHEMA = 2
-    JSON_OBJECT = 3
 
 
 @dataclass(frozen=True)

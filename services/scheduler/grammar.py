@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 from tokenizers import Tokenizer
 
-from services.frontend.constraints import ConstraintKind
+from services.common.constraint_kind import ConstraintKind
 
 # A mask with at most this many allowed tokens travels as an id list, otherwise as the bitmask.
 # Measured with bench/bench_grammar.py (V = 129,280; shared 2-core machine, best of 30):

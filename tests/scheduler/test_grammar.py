@@ -19,7 +19,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from services.frontend.constraints import Constraint, ConstraintKind, build_constraint
+from services.common.constraint_kind import ConstraintKind
+from services.frontend.constraints import Constraint, build_constraint
 from services.scheduler.grammar import (SHORT_MASK_MAX_IDS, GrammarCompileError, GrammarService,
                                         GrammarUnavailable, RequestMatcher)
 
