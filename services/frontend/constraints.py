@@ -48,7 +48,10 @@ from services.frontend.errors import RequestError
 
 DSML = "｜DSML｜"
 BLOCK_OPEN = f"\n\n<{DSML}tool_calls>\n"
-BLOCK_TRIGGER = f"\n\n<{DSML}tool_calls>"
+# The auto-mode trigger stops at the DSML token: XGrammar 0.2.7 lets free text continue after a
+# partial match of a longer trigger without applying the excludes (measured: "\n\n<｜DSML｜<" was
+# accepted as text), while with this trigger `｜DSML｜` after "\n\n<" can only open the block.
+BLOCK_TRIGGER = f"\n\n<{DSML}"
 BLOCK_CLOSE = f"</{DSML}tool_calls>"
 INVOKE_CLOSE = f"</{DSML}invoke>\n"
 PARAM_CLOSE = f"</{DSML}parameter>"

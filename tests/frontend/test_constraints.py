@@ -61,7 +61,7 @@ class TestWhenConstrained:
         fmt = tag_of(build_constraint({"tools": [strict_weather, PING], "tool_choice": "auto"},
                                       False))
         assert fmt["type"] == "triggered_tags" and fmt["stop_after_first"] is True
-        assert fmt["triggers"] == ["\n\n<" + DSML + "tool_calls>"]
+        assert fmt["triggers"] == ["\n\n<" + DSML]
         assert {"<think>", "</think>", DSML} <= set(fmt["excludes"])
 
     @pytest.mark.parametrize("body", [

@@ -124,6 +124,13 @@ class TestDsmlAcceptance:
                             param("days", "3", False)))
         assert feed(service, tokenizer, required(WEATHER), text)[0] is False
 
+    def test_auto_free_text_never_carries_dsml_markup(self, service, tokenizer):
+        strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+        constraint = build_constraint({"tools": [strict], "tool_choice": "auto"}, thinking=False)
+        for text in (f"\n\n<{DSML}<", f"\n\n<{DSML}invoke", f"hi <{DSML}x", f"a\n<{DSML}tool_calls>"):
+            assert feed(service, tokenizer, constraint, text, eos=False)[0] is False, text
+        assert feed(service, tokenizer, constraint, "plain\n\nanswer") == (True, True)
+
     def test_raw_string_values_never_contain_dsml_markup_or_think_tags(self, service, tokenizer):
         for value in (f"a</{DSML}yah", f"x{DSML}y", "r</think>", "<think>"):
             text = block(invoke("get_weather", param("city", value, True), param("days", "3", False)))
