@@ -213,6 +213,19 @@ def tiny_weight_map(tiny_model_dir: Path) -> dict[str, str]:
     return json.loads((tiny_model_dir / "model.safetensors.index.json").read_text())["weight_map"]
 
 
+def with_extra_shard(tiny_model_dir: Path, tmp_path: Path, shard: str, tensors: dict[str, torch.Tensor],
+                     routed: str) -> Path:
+    """The tiny checkpoint plus one extra shard holding `tensors`, its index routing `routed` there."""
+    source = tmp_path / "extra"
+    source.mkdir()
+    save_file(tensors, str(source / shard))
+    weight_map = tiny_weight_map(tiny_model_dir)
+    weight_map[routed] = shard
+    broken = copy_with_index(tiny_model_dir, tmp_path / "broken", weight_map)
+    (broken / shard).symlink_to(source / shard)
+    return broken
+
+
 def test_tensor_absent_from_every_shard_fails_naming_it(
         tmp_path: Path, tiny_model_dir: Path, tiny_config: ModelConfig) -> None:
     weight_map = tiny_weight_map(tiny_model_dir)
@@ -225,13 +238,8 @@ def test_tensor_absent_from_every_shard_fails_naming_it(
 
 def test_index_entry_whose_shard_lacks_the_tensor_fails_naming_tensor_and_shard(
         tmp_path: Path, tiny_model_dir: Path, tiny_config: ModelConfig) -> None:
-    source = tmp_path / "extra"
-    source.mkdir()
-    save_file({"unrelated": torch.zeros(1)}, str(source / "model-extra.safetensors"))
-    weight_map = tiny_weight_map(tiny_model_dir)
-    weight_map["mtp.0.hnorm.weight"] = "model-extra.safetensors"
-    broken = copy_with_index(tiny_model_dir, tmp_path / "broken", weight_map)
-    (broken / "model-extra.safetensors").symlink_to(source / "model-extra.safetensors")
+    broken = with_extra_shard(tiny_model_dir, tmp_path, "model-extra.safetensors",
+                              {"unrelated": torch.zeros(1)}, routed="mtp.0.hnorm.weight")
     with CheckpointReader(broken) as reader, pytest.raises(CheckpointError) as info:
         reader.load_all(tiny_config)
     assert "'mtp.0.hnorm.weight'" in str(info.value)
@@ -240,13 +248,8 @@ def test_index_entry_whose_shard_lacks_the_tensor_fails_naming_tensor_and_shard(
 
 def test_mis_shaped_tensor_fails_naming_tensor_shard_and_shapes(
         tmp_path: Path, tiny_model_dir: Path, tiny_config: ModelConfig) -> None:
-    source = tmp_path / "extra"
-    source.mkdir()
-    save_file({"layers.1.attn.attn_sink": torch.zeros(5)}, str(source / "model-bad.safetensors"))
-    weight_map = tiny_weight_map(tiny_model_dir)
-    weight_map["layers.1.attn.attn_sink"] = "model-bad.safetensors"
-    broken = copy_with_index(tiny_model_dir, tmp_path / "broken", weight_map)
-    (broken / "model-bad.safetensors").symlink_to(source / "model-bad.safetensors")
+    broken = with_extra_shard(tiny_model_dir, tmp_path, "model-bad.safetensors",
+                              {"layers.1.attn.attn_sink": torch.zeros(5)}, routed="layers.1.attn.attn_sink")
     with CheckpointReader(broken) as reader, pytest.raises(CheckpointError) as info:
         reader.load_all(tiny_config)
     message = str(info.value)
@@ -256,13 +259,8 @@ def test_mis_shaped_tensor_fails_naming_tensor_shard_and_shapes(
 
 def test_wrong_storage_dtype_fails_naming_the_tensor(
         tmp_path: Path, tiny_model_dir: Path, tiny_config: ModelConfig) -> None:
-    source = tmp_path / "extra"
-    source.mkdir()
-    save_file({"norm.weight": torch.ones(128)}, str(source / "model-f32.safetensors"))  # not bf16
-    weight_map = tiny_weight_map(tiny_model_dir)
-    weight_map["norm.weight"] = "model-f32.safetensors"
-    broken = copy_with_index(tiny_model_dir, tmp_path / "broken", weight_map)
-    (broken / "model-f32.safetensors").symlink_to(source / "model-f32.safetensors")
+    broken = with_extra_shard(tiny_model_dir, tmp_path, "model-f32.safetensors",
+                              {"norm.weight": torch.ones(128)}, routed="norm.weight")  # f32, not bf16
     with CheckpointReader(broken) as reader, pytest.raises(CheckpointError,
                                                            match=r"'norm.weight'.*float32"):
         reader.validate(tiny_config)
