@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional, Sequence
 
-from services.common import cli_args
+from services.common import cli_args, cli_flags, cli_values
 
 logger = logging.getLogger("dsv4serve")
 
@@ -153,9 +153,9 @@ def run_check(argv: Sequence[str], out: Any = sys.stdout) -> int:
     parser = argparse.ArgumentParser(prog="dsv4serve check", description=(
         "After a restart: health, one constrained tool request and one ordinary chat request. "
         "Prints PASS/FAIL per check; exit status 0 only when all pass."))
-    parser.add_argument("--url", default=f"http://127.0.0.1:{cli_args.DEFAULT_FRONTEND_PORT}", help="frontend URL")
+    parser.add_argument("--url", default=f"http://127.0.0.1:{cli_flags.DEFAULT_FRONTEND_PORT}", help="frontend URL")
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
-    parser.add_argument("--max-tokens", type=cli_args.positive_int, default=256)
+    parser.add_argument("--max-tokens", type=cli_values.positive_int, default=256)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     args = parser.parse_args(list(argv))
     import httpx

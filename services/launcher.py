@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional, Sequence, TextIO
 
 import httpx
 
-from services.common import cli_args, grpc_server
+from services.common import cli_args, cli_argv, grpc_server
 from services.common.config import StackConfig
 
 logger = logging.getLogger(__name__)
@@ -197,13 +197,13 @@ def child_specs(cfg: StackConfig) -> list[ChildSpec]:
     scheduler_address = f"{cfg.scheduler.host}:{cfg.scheduler.port}"
     health_url = f"{frontend_url(cfg)}/health"
     return [
-        ChildSpec("worker", _service_command("worker", cli_args.worker_argv(cfg.worker)),
+        ChildSpec("worker", _service_command("worker", cli_argv.worker_argv(cfg.worker)),
                   lambda: _grpc_serving(worker_address, "dsv4serve.v1.Worker"),
                   f"gRPC health SERVING at {worker_address}"),
-        ChildSpec("scheduler", _service_command("scheduler", cli_args.scheduler_argv(cfg.scheduler)),
+        ChildSpec("scheduler", _service_command("scheduler", cli_argv.scheduler_argv(cfg.scheduler)),
                   lambda: _grpc_serving(scheduler_address, "dsv4serve.v1.Scheduler"),
                   f"gRPC health SERVING at {scheduler_address}"),
-        ChildSpec("frontend", _service_command("frontend", cli_args.frontend_argv(cfg.frontend)),
+        ChildSpec("frontend", _service_command("frontend", cli_argv.frontend_argv(cfg.frontend)),
                   lambda: _http_ok(health_url), f"GET {health_url} → 200"),
     ]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common import cli_args
+from services.common import cli_args, cli_argv
 from services.common.config import GenerateDefaults, SpeculativeConfig
 
 MODEL = Path("/models/dsv4-flash-dspark-w8a8")
@@ -182,16 +182,16 @@ class TestChildArgvRoundTrip:
         stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
         kw = dict(environ={}, default_model_dir=no_default_model)
 
-        assert cli_args.parse_worker_args(cli_args.worker_argv(stack.worker), **kw) == stack.worker
-        assert cli_args.parse_scheduler_args(cli_args.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
-        assert cli_args.parse_frontend_args(cli_args.frontend_argv(stack.frontend), **kw) == stack.frontend
+        assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
+        assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
+        assert cli_args.parse_frontend_args(cli_argv.frontend_argv(stack.frontend), **kw) == stack.frontend
 
     def test_defaults_round_trip(self) -> None:
         stack = cli_args.parse_stack_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
         kw = dict(environ={}, default_model_dir=no_default_model)
 
-        assert cli_args.parse_worker_args(cli_args.worker_argv(stack.worker), **kw) == stack.worker
-        assert cli_args.parse_scheduler_args(cli_args.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
+        assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
+        assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
 
 
 def test_accepted_but_unimplemented_operator_flags_are_named_in_warnings(caplog) -> None:

@@ -1,0 +1,56 @@
+"""Config objects → flags: the launcher starts its children with these, so
+`parse_X_args(X_argv(cfg)) == cfg` (a test checks the round trip)."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from services.common.config import (FrontendConfig, GenerateDefaults, SchedulerConfig,
+                                    SpeculativeConfig, WorkerConfig)
+
+
+def worker_argv(cfg: WorkerConfig) -> list[str]:
+    t = cfg.topology
+    argv = ["--model", str(cfg.model_dir), "--backend", t.backend, "--dp", str(t.dp), "--tp", str(t.tp),
+            "--ep", str(t.ep), *_length_flags(cfg.block_size, cfg.max_model_len, cfg.max_num_batched_tokens,
+                                                cfg.speculative),
+            "--kv-cache-memory", str(cfg.kv_cache_memory_bytes), "--torch-threads", str(cfg.torch_threads),
+            "--host", cfg.host, "--port", str(cfg.port)]
+    if t.devices:
+        argv += ["--devices", ",".join(map(str, t.devices))]
+    if cfg.num_blocks is not None:
+        argv += ["--num-blocks", str(cfg.num_blocks)]
+    if cfg.dtype is not None:
+        argv += ["--dtype", cfg.dtype]
+    return argv
+
+
+def scheduler_argv(cfg: SchedulerConfig) -> list[str]:
+    return ["--model", str(cfg.model_dir), "--served-model-name", cfg.served_model_name,
+            "--workers", ",".join(cfg.worker_addresses),
+            *_length_flags(cfg.block_size, cfg.max_model_len, cfg.max_num_batched_tokens, cfg.speculative),
+            "--max-num-seqs", str(cfg.max_num_seqs),
+            "--long-prefill-token-threshold", str(cfg.long_prefill_token_threshold),
+            "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--generate-config", _generate_json(cfg.generate_defaults),
+            "--host", cfg.host, "--port", str(cfg.port)]
+
+
+def frontend_argv(cfg: FrontendConfig) -> list[str]:
+    return ["--model", str(cfg.model_dir), "--served-model-name", cfg.served_model_name,
+            "--scheduler", cfg.scheduler_address, "--generate-config", _generate_json(cfg.generate_defaults),
+            "--host", cfg.host, "--port", str(cfg.port)]
+
+
+def _length_flags(block_size: int, max_model_len: int, max_num_batched_tokens: int,
+                  speculative: Optional[SpeculativeConfig]) -> list[str]:
+    argv = ["--block-size", str(block_size), "--max-model-len", str(max_model_len),
+            "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if speculative is not None:
+        argv += ["--speculative-config", json.dumps(
+            {"method": speculative.method, "num_speculative_tokens": speculative.num_speculative_tokens})]
+    return argv
+
+
+def _generate_json(defaults: GenerateDefaults) -> str:
+    return json.dumps({"max_new_tokens": defaults.max_new_tokens, "temperature": defaults.temperature})
