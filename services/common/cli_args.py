@@ -92,13 +92,32 @@ def check_speculative(args: argparse.Namespace, topology: Optional[TopologyConfi
                         f"the world size --dp {topology.dp} × --tp {topology.tp} = {topology.world_size}")
 
 
+def check_host_ranks(args: argparse.Namespace, topology: TopologyConfig) -> None:
+    """--ranks must lie inside the world; a worker driving part of it needs --dist-init-addr."""
+    ranks = getattr(args, "ranks", None)
+    if ranks is None:
+        return
+    if ranks[-1] >= topology.world_size:
+        raise FlagError(f"--ranks lists rank {ranks[-1]}, but --dp {topology.dp} × --tp {topology.tp} "
+                        f"makes ranks 0..{topology.world_size - 1}")
+    if ranks != tuple(range(topology.world_size)) and args.dist_init_addr is None:
+        raise FlagError(f"--ranks {_describe_ranks(ranks)} drives part of a {topology.world_size}-rank world: "
+                        f"--dist-init-addr HOST:PORT must name the rendezvous (served by the worker "
+                        f"driving rank 0)")
+
+
+def _describe_ranks(ranks: tuple[int, ...]) -> str:
+    return ",".join(map(str, ranks))
+
+
 def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> WorkerConfig:
     return WorkerConfig(
         model_dir=model_dir, host=args.host, port=args.port, topology=topology_from_args(args),
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
-        torch_threads=args.torch_threads,
+        torch_threads=args.torch_threads, ranks=getattr(args, "ranks", None),
+        dist_init_addr=getattr(args, "dist_init_addr", None),
     )
 
 
@@ -179,6 +198,8 @@ def check_flags(args: argparse.Namespace) -> None:
     """Raise FlagError for the first invalid value or combination among the flags `args` has."""
     topology = topology_from_args(args) if hasattr(args, "backend") else None
     check_speculative(args, topology)
+    if topology is not None:
+        check_host_ranks(args, topology)
     if topology is not None and topology.backend == "cpu" and args.devices:
         logger.warning("--devices %s has no effect with --backend cpu", ",".join(map(str, args.devices)))
     if getattr(args, "startup_timeout", 1.0) <= 0:

@@ -22,6 +22,10 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         argv += ["--num-blocks", str(cfg.num_blocks)]
     if cfg.dtype is not None:
         argv += ["--dtype", cfg.dtype]
+    if cfg.ranks is not None:
+        argv += ["--ranks", ",".join(map(str, cfg.ranks))]
+    if cfg.dist_init_addr is not None:
+        argv += ["--dist-init-addr", cfg.dist_init_addr]
     return argv
 
 

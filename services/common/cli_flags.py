@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.common.cli_values import (address, address_list, dtype_choice, device_list,
                                         generate_config, memory_size, non_negative_int,
-                                        positive_int, speculative_config)
+                                        positive_int, rank_set, speculative_config)
 from services.common.config import GenerateDefaults
 
 DEFAULT_FRONTEND_PORT = 8000
@@ -82,10 +82,19 @@ def _add_npu_only(p: argparse.ArgumentParser) -> None:
     group.add_argument("--ring-heap", default=None, metavar="SIZES")
 
 
+def _add_host_ranks(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=rank_set, default=None, metavar="RANKS",
+                   help="global ranks this worker drives, e.g. 0-7 (default: all dp×tp ranks)")
+    p.add_argument("--dist-init-addr", type=address, default=None, metavar="HOST:PORT",
+                   help="rendezvous of a world spread over several workers: the worker driving "
+                        "rank 0 serves it, the others connect (needed with --ranks)")
+
+
 def build_worker_parser(prog: str = "dsv4serve worker") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Worker: drives this host's ranks (Describe, Step).")
     _add_model(p, served_name=False)
     _add_topology(p)
+    _add_host_ranks(p)
     _add_lengths(p)
     _add_worker_memory(p)
     _add_npu_only(p)

@@ -54,6 +54,20 @@ def device_list(text: str) -> tuple[int, ...]:
     return devices
 
 
+def rank_set(text: str) -> tuple[int, ...]:
+    """`0-7`, `8-15`, `0,1,4-5` → ascending distinct global ranks."""
+    ranks: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            ranks.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must list ranks such as 0-7 or 0,1,2, got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"must list non-negative ranks such as 0-7, got {text!r}")
+    return tuple(sorted(ranks))
+
+
 def address_list(text: str) -> tuple[str, ...]:
     """`host:port,host:port` → a tuple of addresses."""
     addresses = tuple(part.strip() for part in text.split(",") if part.strip())

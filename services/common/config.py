@@ -81,6 +81,19 @@ class WorkerConfig:
     # Intra-op threads of each CPU rank. 1 by default: on small CPU machines shared with the other
     # services, an OpenMP pool that spins for cores it does not get makes small GEMMs ~16× slower.
     torch_threads: int = 1
+    # Global ranks this worker drives (`--ranks`); None: the whole world.
+    ranks: Optional[tuple[int, ...]] = None
+    # host:port of the world's TCPStore (`--dist-init-addr`), served by the worker driving rank 0;
+    # needed when the world spans several workers. None: a free loopback port of this worker.
+    dist_init_addr: Optional[str] = None
+
+    @property
+    def driven_ranks(self) -> tuple[int, ...]:
+        return self.ranks if self.ranks is not None else tuple(range(self.topology.world_size))
+
+    @property
+    def drives_whole_world(self) -> bool:
+        return self.driven_ranks == tuple(range(self.topology.world_size))
 
 
 @dataclass(frozen=True)

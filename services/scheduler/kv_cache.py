@@ -75,15 +75,6 @@ class KvCacheManager:
         return any(all(g.num_blocks >= need for g in groups if g.sliding_window == 0)
                    for groups in self.groups.values())
 
-    def partitions_by_load(self) -> list[int]:
-        """Partition ids, least loaded first: fewest sequences, then most free blocks in its
-        tightest group."""
-        def load(pid: int) -> tuple[int, int]:
-            count = sum(1 for s in self._sequences.values() if s.partition_id == pid)
-            tightest_free = min(p.num_free for p in self._pools[pid].values())
-            return count, -tightest_free
-        return sorted(self.partition_ids, key=load)
-
     def blocks_needed(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, int]:
         """New blocks per group for the sequence to cover positions [0, num_tokens)."""
         need = blocks_for(num_tokens, self.block_size)

@@ -97,9 +97,10 @@ class Request:
     # Grammar matcher (RequestMatcher) while the request holds one; None otherwise.
     matcher: Optional[Any] = None
     grammar_status: str = "none"
+    # The cache partition it was assigned on arrival (it keeps it when preempted).
+    partition_id: Optional[int] = None
     # Current worker sequence: None while it has none (waiting, finished).
     seq_id: Optional[int] = None
-    partition_id: Optional[int] = None
     num_computed_tokens: int = 0
     # Tokens of this sequence the worker already knows (NewSequence prompt + appended outputs).
     num_known_tokens: int = 0

@@ -23,7 +23,7 @@ from services.scheduler.scheduler_protos import (event_to_proto, params_from_pro
                                                  request_state_to_proto, state_to_proto,
                                                  worker_status_to_proto)
 from services.scheduler.step_loop import StepLoop
-from services.scheduler.step_plan import WorkerDescription
+from services.scheduler.worker_description import WorkerDescription
 from services.scheduler.worker_client import WorkerSet, WorkerTimeouts
 
 log = logging.getLogger(__name__)

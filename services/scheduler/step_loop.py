@@ -22,7 +22,8 @@ from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, 
                                          FinishReason, GenerateParams, Request, RequestPhase)
 from services.scheduler.scheduler import Scheduler, SchedulerCounters, SchedulingLimits
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
-from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
+from services.common.step_descriptors import StepPlan, StepResult
+from services.scheduler.worker_description import WorkerDescription
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.build_info import ABI_VERSION, build_id
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from services.scheduler.errors import WorkerLost
-from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
-from services.scheduler.worker_protos import (description_from_proto, merge_results,
-                                              plan_to_proto, result_from_proto)
+from services.common.step_descriptors import StepPlan, StepResult, merge_results
+from services.common.step_protos import plan_to_proto, result_from_proto
+from services.scheduler.worker_description import WorkerDescription
+from services.scheduler.worker_protos import description_from_proto
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from services.common.config import WorkerConfig
-from services.worker.model.checkpoint import checkpoint_fingerprint
+from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
 from services.worker.model.kv_cache import rows_per_block
+from services.worker.model.parallel import check_topology
 from services.worker.model.runtime import BlockCost, ModelRuntime
 
 WINDOW_GROUP = "window"
@@ -84,8 +85,11 @@ def model_fingerprint(config_fingerprint: str, checkpoint_fingerprint: str) -> s
 
 
 def describe_model(config: WorkerConfig) -> ModelFacts:
-    """Reads config.json and fingerprints the checkpoint (no weights loaded)."""
+    """Reads config.json and fingerprints the checkpoint (no weights loaded). Raises TopologyError
+    when --tp/--ep do not divide the model."""
     model = ModelConfig.from_json_file(Path(config.model_dir) / "config.json")
+    topology = config.topology
+    check_topology(model, topology.dp, topology.tp, topology.ep)
     dtype_name = compute_dtype_name(config)
     cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
     num_blocks = blocks_per_group(config, cost.window_block_bytes + cost.compressed_block_bytes)

@@ -9,7 +9,8 @@ A bad row (unknown sequence, a gap in positions, blocks missing or out of range,
 nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows
 of the step still run.
 
-The descriptor dataclasses below mirror `worker.proto`; `services/worker/server.py` converts.
+The ranks of every partition receive the same plan; an executor runs only the rows and new sequences
+of its own partition (`PartitionLimits.partition_id`).
 """
 from __future__ import annotations
 
@@ -20,67 +21,9 @@ from typing import Iterator, Optional, Protocol, Union
 import numpy as np
 import torch
 
+from services.common.step_descriptors import (NewSequence, RowResult, ScheduledRow, StepPlan,
+                                              StepResult, TokenMask)
 from services.worker.model.runtime import SequenceChunk, StepOutput
-
-
-@dataclass(frozen=True)
-class NewSequence:
-    """Sent once, in the first step that schedules the sequence."""
-
-    seq_id: int
-    partition_id: int
-    prompt_token_ids: tuple[int, ...]
-    logit_bias_token_ids: tuple[int, ...] = ()
-    logit_bias_values: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class TokenMask:
-    """Tokens allowed at a sampled position: ascending ids (short form) or XGrammar bitmask bytes
-    (long form, ceil(vocab/32) little-endian int32 words). An empty mask allows nothing."""
-
-    allowed_token_ids: tuple[int, ...] = ()
-    bitmask: bytes = b""
-
-
-@dataclass(frozen=True)
-class ScheduledRow:
-    """Compute `num_new_tokens` positions from `num_computed_tokens` (worker.proto ScheduledRow)."""
-
-    seq_id: int
-    num_computed_tokens: int
-    num_new_tokens: int
-    append_token_ids: tuple[int, ...] = ()
-    new_block_ids: tuple[int, ...] = ()
-    new_window_block_ids: tuple[int, ...] = ()
-    sample: bool = False
-    mask: Optional[TokenMask] = None
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    step_id: int
-    new_sequences: tuple[NewSequence, ...] = ()
-    rows: tuple[ScheduledRow, ...] = ()
-    # Dropped before the rows run, so a preempted sequence can come back as new in the same step.
-    finished_seq_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RowResult:
-    seq_id: int
-    sampled_token_id: Optional[int] = None
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step_id: int
-    # One per row that asked for sampling or failed, in request order.
-    results: tuple[RowResult, ...] = ()
-    forward_ns: int = 0
-    # Non-empty when the whole step failed.
-    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,11 +93,16 @@ def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
 
 
 class PartitionExecutor:
-    """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe."""
+    """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe.
 
-    def __init__(self, runtime: StepRuntime, limits: PartitionLimits) -> None:
+    Every rank of a partition prepares the same rows (so their collectives agree); only the one that
+    `answers` (the partition's TP rank 0) samples and reports results.
+    """
+
+    def __init__(self, runtime: StepRuntime, limits: PartitionLimits, answers: bool = True) -> None:
         self._runtime = runtime
         self._limits = limits
+        self._answers = answers
         self._sequences: dict[int, SequenceState] = {}
 
     @property
@@ -162,17 +110,21 @@ class PartitionExecutor:
         return list(self._sequences)
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Runs one step. Row problems become row errors; a runtime exception propagates."""
+        """Runs this partition's part of one step (the runtime runs even when that part is empty:
+        an expert-parallel world needs every rank). Row problems become row errors; a runtime
+        exception propagates."""
+        partition_id = self._limits.partition_id
         for seq_id in plan.finished_seq_ids:
             self._drop(seq_id)
-        rejected = self._admit(plan.new_sequences)
+        rejected = self._admit([s for s in plan.new_sequences if s.partition_id == partition_id])
+        rows = tuple(row for row in plan.rows if row.partition_id == partition_id)
         prepared: list[Union[SequenceChunk, RowError]] = [
-            self._prepare_or_error(row, rejected) for row in plan.rows]
+            self._prepare_or_error(row, rejected) for row in rows]
         chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
         started = time.perf_counter_ns()
         outcomes = self._run(chunks)
         forward_ns = time.perf_counter_ns() - started
-        results = self._row_results(plan.rows, prepared, iter(outcomes))
+        results = self._row_results(rows, prepared, iter(outcomes))
         return StepResult(plan.step_id, tuple(results), forward_ns)
 
     def reset(self) -> None:
@@ -188,14 +140,12 @@ class PartitionExecutor:
         warm_up_seq_id = 0
         chunk = SequenceChunk(seq_id=warm_up_seq_id, start_pos=0,
                               token_ids=[i % self._limits.vocab_size for i in range(num_tokens)],
-                              block_table=[0], window_block_table=[0], sample=True)
+                              block_table=[0], window_block_table=[0], sample=self._answers)
         self._runtime.step([chunk])
         self._runtime.free_sequence(warm_up_seq_id)
 
     def _run(self, chunks: list[SequenceChunk]) -> list[tuple[Optional[int], Optional[str]]]:
         """(sampled token, sampling error) per chunk."""
-        if not chunks:
-            return []
         output = self._runtime.step(chunks)
         errors = output.errors or [None] * len(chunks)
         return list(zip(output.sampled, errors))
@@ -205,7 +155,7 @@ class PartitionExecutor:
         if self._sequences.pop(seq_id, None) is not None:
             self._runtime.free_sequence(seq_id)
 
-    def _admit(self, new_sequences: tuple[NewSequence, ...]) -> dict[int, str]:
+    def _admit(self, new_sequences: list[NewSequence]) -> dict[int, str]:
         """Registers new sequences; returns the rejected ones' errors, reported on their rows."""
         rejected: dict[int, str] = {}
         for new in new_sequences:
@@ -216,9 +166,6 @@ class PartitionExecutor:
         return rejected
 
     def _new_state(self, new: NewSequence) -> SequenceState:
-        if new.partition_id != self._limits.partition_id:
-            raise RowError(f"new sequence {new.seq_id} names partition {new.partition_id}; "
-                           f"this executor holds partition {self._limits.partition_id}")
         if new.seq_id in self._sequences:
             raise RowError(f"new sequence {new.seq_id} is already live")
         self._check_token_ids(new.prompt_token_ids, "prompt")
@@ -270,7 +217,8 @@ class PartitionExecutor:
                              token_ids=state.token_ids[start:end],
                              block_table=list(state.block_table),
                              window_block_table=list(state.window_block_table),
-                             sample=row.sample, allowed_token_ids=allowed, token_bitmask=bitmask,
+                             sample=row.sample and self._answers, allowed_token_ids=allowed,
+                             token_bitmask=bitmask,
                              logit_bias=state.logit_bias if row.sample else None)
 
     def _validate(self, row: ScheduledRow, state: SequenceState) -> None:

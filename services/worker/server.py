@@ -1,8 +1,11 @@
-"""The worker's gRPC server on this host's rank 0: `Worker` (Describe, Step), health, reflection.
+"""The worker's gRPC server: `Worker` (Describe, Step, JoinWorld), health, reflection.
 
-The servicer only converts protos ↔ the dataclasses of `executor.py` and hands steps to the
-`RankGroup`; model compute runs in the rank processes, never on this event loop. Health reports
-SERVING once every rank has loaded the model and warmed up, and NOT_SERVING again if a rank exits.
+The servicer only converts protos ↔ the step dataclasses and hands work to the `RankGroup`; model
+compute runs in the rank processes, never on this event loop. A worker that drives the whole world
+reports SERVING once every rank has loaded the model, joined and warmed up, and NOT_SERVING for good
+if a rank exits. A worker that drives part of a larger world reports SERVING once its ranks have
+loaded: it can (re)join the world whenever the scheduler calls JoinWorld, which also replaces its
+ranks after one of them exited.
 """
 from __future__ import annotations
 
@@ -17,55 +20,26 @@ from services.common.build_info import ABI_VERSION, build_id
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
-from services.worker.executor import (NewSequence, ScheduledRow, StepPlan, StepResult,
-                                      TokenMask)
 from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
-                                   RuntimeFactory, rank_specs)
+                                   RuntimeFactory, rank_specs, store_address)
 
 _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
-def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
-    return StepPlan(
-        step_id=request.step_id,
-        new_sequences=tuple(NewSequence(
-            seq_id=new.seq_id, partition_id=new.partition_id,
-            prompt_token_ids=tuple(new.prompt_token_ids),
-            logit_bias_token_ids=tuple(new.logit_bias_token_ids),
-            logit_bias_values=tuple(new.logit_bias_values)) for new in request.new_sequences),
-        rows=tuple(_row_from_proto(row) for row in request.rows),
-        finished_seq_ids=tuple(request.finished_seq_ids))
-
-
-def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
-    mask = (TokenMask(allowed_token_ids=tuple(row.mask.allowed_token_ids), bitmask=row.mask.bitmask)
-            if row.HasField("mask") else None)
-    return ScheduledRow(seq_id=row.seq_id, num_computed_tokens=row.num_computed_tokens,
-                        num_new_tokens=row.num_new_tokens,
-                        append_token_ids=tuple(row.append_token_ids),
-                        new_block_ids=tuple(row.new_block_ids),
-                        new_window_block_ids=tuple(row.new_window_block_ids),
-                        sample=row.sample, mask=mask)
-
-
-def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
-    return worker_pb2.StepResponse(
-        step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
-        results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
-                                      error=row.error) for row in result.results])
-
-
 def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
+    """The static part of Describe (`world_round` is filled in per call)."""
     topology = config.topology
+    ranks = config.driven_ranks
     return worker_pb2.DescribeResponse(
         abi_version=ABI_VERSION, build_id=build_id(), model_fingerprint=facts.model_fingerprint,
         topology=worker_pb2.Topology(world_size=topology.world_size, dp=topology.dp, tp=topology.tp,
-                                     ep=topology.ep, host_ranks=range(topology.world_size),
-                                     backend=topology.backend),
+                                     ep=topology.ep, host_ranks=ranks, backend=topology.backend),
         block_size=config.block_size, vocab_size=facts.vocab_size,
-        eos_token_id=facts.eos_token_id, partition_ids=[0],
+        eos_token_id=facts.eos_token_id,
+        partition_ids=sorted({rank // topology.tp for rank in ranks}),
         block_groups=[worker_pb2.BlockGroup(name=group.name, num_blocks=group.num_blocks,
                                             bytes_per_block=group.bytes_per_block,
                                             sliding_window=group.sliding_window)
@@ -89,13 +63,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._ranks_started = ranks_started
         self._step_lock = asyncio.Lock()
         self._stream_generation = 0
+        self.joined = asyncio.Event()  # set by each JoinWorld; the supervisor watches new ranks
 
     async def Describe(self, request: worker_pb2.DescribeRequest,
                        context: grpc.aio.ServicerContext) -> worker_pb2.DescribeResponse:
         if request.scheduler_abi_version != ABI_VERSION:
             _LOG.warning("scheduler %s speaks ABI %d, this worker ABI %d", request.scheduler_build,
                          request.scheduler_abi_version, ABI_VERSION)
-        return self._describe
+        response = worker_pb2.DescribeResponse()
+        response.CopyFrom(self._describe)
+        response.world_round = self._ranks.world_round
+        return response
+
+    async def JoinWorld(self, request: worker_pb2.JoinWorldRequest,
+                        context: grpc.aio.ServicerContext) -> worker_pb2.JoinWorldResponse:
+        if self._ranks.forms_world_alone:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this worker drives the whole world and forms it alone")
+        async with self._step_lock:  # no step may run while the world changes
+            self._stream_generation += 1  # the Step streams of the old world are over
+            try:
+                await asyncio.shield(self._ranks_started)
+                await self._ranks.join(request.round)
+            except RankGroupError as error:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"joining world round "
+                                                                 f"{request.round}: {error}")
+        _LOG.info("joined world round %d", request.round)
+        self.joined.set()
+        return worker_pb2.JoinWorldResponse(round=request.round)
 
     async def Step(self, request_iterator: AsyncIterator[worker_pb2.StepRequest],
                    context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.StepResponse]:
@@ -158,11 +153,9 @@ async def start_worker_server(config: WorkerConfig,
                               runtime_factory: Optional[RuntimeFactory] = None) -> RunningWorker:
     """Binds the server (port 0 picks a free one) and starts the ranks in the background."""
     factory = runtime_factory or ModelRuntimeFactory()
-    if config.topology.world_size != 1:
-        raise ValueError(f"this worker drives one rank; --dp {config.topology.dp} --tp "
-                         f"{config.topology.tp} needs the tensor-parallel runtime (not built yet)")
     facts = await asyncio.to_thread(factory.describe, config)
-    ranks = RankGroup(rank_specs(config, facts), factory)
+    ranks = RankGroup(rank_specs(config, facts), factory, store_address(config),
+                      forms_world_alone=config.drives_whole_world)
     ranks_started = asyncio.create_task(ranks.start(), name="worker-ranks-start")
     servicer = WorkerServicer(describe_response(config, facts), ranks, ranks_started)
     try:
@@ -172,14 +165,17 @@ async def start_worker_server(config: WorkerConfig,
     except BaseException:
         await ranks.stop()
         raise
-    supervision = asyncio.create_task(_supervise(ranks, ranks_started, running),
+    supervision = asyncio.create_task(_supervise(ranks, ranks_started, running, servicer.joined),
                                       name="worker-ranks-supervision")
     return RunningWorker(running, ranks, ranks_started, supervision)
 
 
-async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer) -> None:
-    """SERVING once the ranks are up; NOT_SERVING when one of them exits. Ranks that cannot start
-    stop the server, so `serve` returns and the process exits instead of idling NOT_SERVING."""
+async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer,
+                     joined: asyncio.Event) -> None:
+    """SERVING once the ranks are up. When a rank exits: NOT_SERVING for good if this worker forms
+    the world alone; otherwise its world round is over, and the next JoinWorld replaces the ranks
+    (then they are watched again). Ranks that cannot start stop the server, so `serve` returns and
+    the process exits instead of idling NOT_SERVING."""
     try:
         await asyncio.shield(ranks_started)
     except RankGroupError as error:
@@ -187,9 +183,14 @@ async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: Run
         await running.server.stop(0)
         return
     await running.mark_serving()
-    reason = await ranks.wait_for_exit()
-    _LOG.error("worker rank exited: %s", reason)
-    await running.mark_not_serving()
+    while True:
+        joined.clear()
+        reason = await ranks.wait_for_exit()
+        _LOG.error("worker rank exited: %s", reason)
+        if ranks.forms_world_alone:
+            await running.mark_not_serving()
+            return
+        await joined.wait()
 
 
 async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None) -> None:

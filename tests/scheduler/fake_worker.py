@@ -62,6 +62,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.step_requests: list[worker_pb2.StepRequest] = []
         self.hang = asyncio.Event()  # set: stop answering steps (a hung worker)
         self.live: dict[int, _Sequence] = {}
+        self.ended: set[int] = set()  # sequences of this worker already finished
 
     async def Describe(self, request, context):
         s = self.spec
@@ -77,6 +78,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
 
     async def Step(self, request_iterator, context):
         self.live.clear()  # every new stream starts with no sequences
+        self.ended.clear()
         async for request in request_iterator:
             if self.hang.is_set():
                 await asyncio.Event().wait()
@@ -85,8 +87,11 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
 
     def _run(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
         for seq_id in request.finished_seq_ids:
-            if self.live.pop(seq_id, None) is None:
-                self._violate(f"step {request.step_id}: finished unknown seq {seq_id}")
+            # Finished ids go to every worker: an id never seen here is another worker's.
+            if seq_id in self.ended:
+                self._violate(f"step {request.step_id}: seq {seq_id} finished twice")
+            if self.live.pop(seq_id, None) is not None:
+                self.ended.add(seq_id)
         for new in request.new_sequences:
             if new.seq_id in self.live or new.partition_id not in self.spec.partition_ids:
                 self._violate(f"step {request.step_id}: bad NewSequence {new.seq_id}")

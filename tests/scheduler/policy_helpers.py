@@ -7,7 +7,7 @@ from typing import Any, Optional
 from services.scheduler.kv_cache import BlockGroupSpec, KvCacheManager
 from services.scheduler.requests import ConstraintSpec, Request, RequestEvent, TokensEvent
 from services.scheduler.scheduler import Scheduler, SchedulingLimits
-from services.scheduler.step_plan import RowResult, StepPlan, StepResult
+from services.common.step_descriptors import RowResult, StepPlan, StepResult
 from tests.scheduler.fake_worker import EOS_TOKEN_ID, next_token
 
 BLOCK_SIZE = 4

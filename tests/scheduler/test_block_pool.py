@@ -79,11 +79,6 @@ class TestKvCacheManager:
         kv = make_kv(num_blocks=16, window_blocks=2)
         assert kv.can_allocate(1, 0, 8) and not kv.can_allocate(1, 0, 9)
 
-    def test_least_loaded_partition_comes_first(self):
-        kv = make_kv()
-        kv.allocate(1, 0, 4)
-        assert kv.partitions_by_load() == [1, 0]
-
     def test_fits_empty_partition_checks_whole_sequence_groups(self):
         kv = make_kv(num_blocks=4)
         assert kv.fits_empty_partition(16) and not kv.fits_empty_partition(17)

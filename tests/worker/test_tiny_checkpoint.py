@@ -12,9 +12,9 @@ import torch
 from services.worker.model import tiny_checkpoint
 from services.worker.model.checkpoint import (
     CheckpointReader,
-    checkpoint_fingerprint,
     expected_tensors,
 )
+from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import (
     default_model_dir,

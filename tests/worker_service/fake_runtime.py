@@ -88,7 +88,7 @@ class FakeRuntimeFactory:
                           model_fingerprint="fake-fingerprint", compute_dtype="float32",
                           block_groups=groups, cache_families=families)
 
-    def build(self, spec: object) -> StepRuntime:
+    def build(self, spec: object, collectives: object) -> StepRuntime:
         if self.build_error:
             raise RuntimeError(self.build_error)
         torch.set_num_threads(1)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.executor import (NewSequence, PartitionExecutor, PartitionLimits, RowError,
-                                      ScheduledRow, StepPlan, TokenMask, decode_token_mask)
+from services.common.step_descriptors import NewSequence, ScheduledRow, StepPlan, TokenMask
+from services.worker.executor import (PartitionExecutor, PartitionLimits, RowError,
+                                      decode_token_mask)
 from tests.worker_service.fake_runtime import FAKE_VOCAB_SIZE, FakeRuntime, fake_next_token
 
 BLOCK_SIZE = 4
@@ -110,10 +111,14 @@ class TestRowErrors:
             retry = executor.execute(StepPlan(2, rows=(prefill_row(5, (0, 1)),)))
             assert retry.results[0].error == ""
 
-    def test_new_sequence_for_another_partition_fails_its_rows(self, executor):
-        result = executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 3, PROMPT),),
-                                           rows=(prefill_row(5, (0, 1)),)))
-        assert "partition 3" in result.results[0].error
+    def test_rows_and_sequences_of_other_partitions_are_skipped(self, executor, runtime):
+        result = executor.execute(StepPlan(1, new_sequences=[NewSequence(5, 3, PROMPT),
+                                                             NewSequence(6, 0, PROMPT)],
+                                           rows=[prefill_row(5, (0, 1), partition_id=3),
+                                                 prefill_row(6, (2, 3))]))
+        assert [r.seq_id for r in result.results] == [6]
+        assert [chunk.seq_id for chunk in runtime.steps[-1]] == [6]
+        assert executor.live_seq_ids == [6]
 
 
 class TestSequenceLifetime:

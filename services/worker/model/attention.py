@@ -19,20 +19,29 @@ import torch
 
 from services.worker.model import compressor, numerics
 from services.worker.model.batch import ChunkRows, StepBatch
+from services.worker.model.collectives import Collectives
 from services.worker.model.config import ModelConfig
 from services.worker.model.compressor import CompressorSpec, CompressorState
 from services.worker.model.kv_cache import PagedKvCache
+from services.worker.model.parallel import ParallelLayout
 from services.worker.model.weights import ModelWeights
 
 SequenceState = dict[str, CompressorState]
 
 
 class AttentionLayer:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, layer_id: int, prefix: str):
+    """One layer's attention on this rank: its TP share of the heads (see parallel.py); the kv
+    vector, compressors, indexer and caches are the whole layer's on every rank."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer_id: int, prefix: str,
+                 layout: ParallelLayout, collectives: Collectives):
         self.config = config
         self.w = weights
         self.layer_id = layer_id
         self.prefix = prefix                  # e.g. "layers.3.attn."
+        self.num_heads = len(layout.heads(config))
+        self.num_groups = len(layout.o_groups(config))
+        self.collectives = collectives
         self.ratio = config.layer_ratio(layer_id)
         rd = config.qk_rope_head_dim
         if self.ratio == 0:
@@ -66,7 +75,7 @@ class AttentionLayer:
         qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"],
                                eps)
         q = numerics.linear(qr, w[p + "wq_b.weight"])
-        q = q.view(-1, cfg.num_attention_heads, cfg.head_dim)
+        q = q.view(-1, self.num_heads, cfg.head_dim)
         q = self._rope(numerics.rms_norm(q, None, eps), positions)
         kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"],
                                eps)
@@ -123,14 +132,18 @@ class AttentionLayer:
 
     def _output(self, o: torch.Tensor) -> torch.Tensor:
         """Grouped low-rank projection: heads split into o_groups contiguous groups, each through
-        its slice of wo_a, concatenated, then wo_b. o [T, H, d] → [T, D]."""
+        its slice of wo_a, concatenated (over the TP ranks' groups), then wo_b (this rank's output
+        rows, concatenated over the TP ranks). o [T, H_local, d] → [T, D]."""
         cfg, w, p = self.config, self.w, self.prefix
-        groups = cfg.o_groups
+        if o.shape[0] == 0:  # an idle partition: every rank of its TP group skips the gathers
+            return o.new_zeros(0, cfg.hidden_size)
+        groups = self.num_groups
         wo_a = w[p + "wo_a.weight"].view(groups, cfg.o_lora_rank, -1)
         grouped = o.reshape(o.shape[0], groups, -1)
         low_rank = torch.cat([numerics.linear(grouped[:, g], wo_a[g]) for g in range(groups)],
                              dim=-1)
-        return numerics.linear(low_rank, w[p + "wo_b.weight"])
+        low_rank = self.collectives.tp_concat(low_rank)
+        return self.collectives.tp_concat(numerics.linear(low_rank, w[p + "wo_b.weight"]))
 
     def _window(self, chunk: ChunkRows, kv: torch.Tensor, cache: PagedKvCache
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +211,9 @@ def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tenso
     for count in torch.unique(cmp_counts).tolist():
         rows = cmp_counts == count
         keys = torch.cat([window_keys[rows], cmp_keys[rows, :count]], dim=1).float()
-        scores = torch.einsum("lhd,lkd->lhk", q[rows].float(), keys).mul(scale)
+        # Keys × queries, heads as the GEMM's output columns: a head's scores then do not depend
+        # on how many heads sit beside it (a TP rank holds a slice), bit for bit on CPU.
+        scores = torch.einsum("lkd,lhd->lkh", keys, q[rows].float()).transpose(1, 2).mul(scale)
         visible = _key_mask(window_mask[rows], count)
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         sink_col = sink.float()[None, :, None].expand(scores.shape[0], -1, 1)

@@ -47,5 +47,6 @@ def build_batch(chunks: list[tuple[int, int, list[int], list[int], list[int]]], 
             window_block_table=torch.tensor(window_block_table, dtype=torch.int64, device=device)))
         ids.extend(token_ids)
         positions.append(torch.arange(start_pos, start_pos + len(token_ids)))
+    all_positions = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.int64)
     return StepBatch(token_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-                     positions=torch.cat(positions).to(device), chunks=tuple(rows))
+                     positions=all_positions.to(device), chunks=tuple(rows))

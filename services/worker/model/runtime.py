@@ -17,9 +17,12 @@ import torch
 from services.worker.model.attention import SequenceState
 from services.worker.model.batch import StepBatch, build_batch
 from services.worker.model.checkpoint import CheckpointReader
+from services.worker.model.collectives import Collectives, LocalCollectives
 from services.worker.model.config import ModelConfig
 from services.worker.model.kv_cache import PagedKvCache, rows_per_block
+from services.worker.model.parallel import ParallelLayout, check_topology
 from services.worker.model.sampling import NoAllowedToken, greedy_sample
+from services.worker.model.sharding import rank_selection
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
@@ -74,13 +77,21 @@ class BlockCost:
 
 
 class ModelRuntime:
-    def __init__(self, cfg: RuntimeConfig):
+    """One rank's model and the caches of its partition. `layout` says which share of the model
+    the rank holds (it loads only that share); `collectives` joins it with the other ranks."""
+
+    def __init__(self, cfg: RuntimeConfig, layout: ParallelLayout = ParallelLayout(),
+                 collectives: Collectives = LocalCollectives()):
         self.cfg = cfg
         self.config = ModelConfig.from_json_file(Path(cfg.model_dir) / "config.json")
+        check_topology(self.config, layout.dp, layout.tp, layout.ep)
         with CheckpointReader(cfg.model_dir) as reader:
-            tensors = reader.load_all(self.config, cfg.dtype, cfg.device)
-        self.model = DeepseekV4(self.config, ModelWeights(tensors, cfg.dtype, cfg.device))
+            tensors = reader.load_all(self.config, cfg.dtype, cfg.device,
+                                      rank_selection(self.config, layout))
+        self.weights = ModelWeights(tensors, cfg.dtype, cfg.device)
         del tensors
+        self.model = DeepseekV4(self.config, self.weights, layout, collectives)
+        self._collectives = collectives
         main_layers = {i: self.config.layer_ratio(i) for i in range(self.config.num_hidden_layers)}
         self.cache = PagedKvCache(main_layers, self.config.head_dim, self.config.index_head_dim,
                                   cfg.block_size, cfg.num_blocks, cfg.num_window_blocks,
@@ -100,6 +111,8 @@ class ModelRuntime:
         sequence resumed at start_pos > 0 after `free_sequence` or never started); caches and
         states are untouched then.
         """
+        if not chunks and not self._collectives.expert_parallel:
+            return StepOutput(sampled=[], logits=[], errors=[], hidden=[])
         self._check(chunks)
         for c in chunks:
             if c.start_pos == 0:

