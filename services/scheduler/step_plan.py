@@ -19,6 +19,8 @@ class NewSequence:
     prompt_token_ids: list[int]
     logit_bias_token_ids: list[int] = field(default_factory=list)
     logit_bias_values: list[float] = field(default_factory=list)
+    request_id: str = ""  # correlation id, for the worker's logs
+
 
 
 @dataclass(frozen=True)

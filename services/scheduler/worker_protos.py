@@ -23,7 +23,8 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
         step_id=plan.step_id,
         new_sequences=[worker_pb2.NewSequence(
             seq_id=s.seq_id, partition_id=s.partition_id, prompt_token_ids=s.prompt_token_ids,
-            logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values)
+            logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values,
+            request_id=s.request_id)
             for s in plan.new_sequences],
         rows=[_row_to_proto(row) for row in plan.rows],
         finished_seq_ids=plan.finished_seq_ids)
