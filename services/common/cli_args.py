@@ -92,9 +92,9 @@ def check_speculative(args: argparse.Namespace, topology: Optional[TopologyConfi
                         f"the world size --dp {topology.dp} × --tp {topology.tp} = {topology.world_size}")
 
 
-def ops_from_args(args: argparse.Namespace) -> OpsConfig:
+def ops_from_args(args: argparse.Namespace, serves_grpc: bool) -> OpsConfig:
     tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
-    return OpsConfig(tls=tls, grpc_reflection=getattr(args, "grpc_reflection", True),
+    return OpsConfig(tls=tls, grpc_reflection=args.grpc_reflection if serves_grpc else True,
                      shutdown_grace_s=args.shutdown_grace_s, log_format=args.log_format)
 
 
@@ -117,7 +117,7 @@ def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> Worker
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
-        torch_threads=args.torch_threads, ops=ops_from_args(args),
+        torch_threads=args.torch_threads, ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -131,7 +131,7 @@ def scheduler_config_from_args(args: argparse.Namespace, model_dir: Path,
         long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
         enable_prefix_caching=bool(args.enable_prefix_caching), speculative=args.speculative_config,
         generate_defaults=args.generate_config, max_waiting_requests=args.max_waiting_requests,
-        ops=ops_from_args(args),
+        ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -140,7 +140,7 @@ def frontend_config_from_args(args: argparse.Namespace, model_dir: Path, schedul
         model_dir=model_dir, served_model_name=args.served_model_name or model_dir.name,
         scheduler_address=scheduler_address, host=args.host, port=args.port,
         generate_defaults=args.generate_config, request_timeout_s=args.request_timeout_s,
-        ops=ops_from_args(args),
+        ops=ops_from_args(args, serves_grpc=False),
     )
 
 
