@@ -246,3 +246,22 @@ class TestOpsFlags:
         assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
         assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
         assert cli_args.parse_frontend_args(cli_argv.frontend_argv(stack.frontend), **kw) == stack.frontend
+
+
+def test_the_secure_compose_override_uses_only_flags_the_services_know() -> None:
+    """docker/docker-compose.secure.yml's commands parse with the services' own parsers."""
+    import re
+
+    import yaml
+
+    from services.common import cli_flags
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker" / "docker-compose.secure.yml").read_text())
+    parsers = {"worker": cli_flags.build_worker_parser(), "scheduler": cli_flags.build_scheduler_parser(),
+               "frontend": cli_flags.build_frontend_parser()}
+    for name, service in compose["services"].items():
+        command = [re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", part) for part in service["command"]]
+        assert command[:2] == ["dsv4serve", name]
+        args = parsers[name].parse_args(command[2:])
+        assert args.tls_ca == Path("/certs/ca.pem") and args.log_format == "json"
+        assert f"/certs/{name}.pem:ro" in " ".join(service["volumes"])
