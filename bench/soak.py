@@ -6,8 +6,8 @@
 Each of `--streams` clients streams chat requests back to back until the duration is over. A
 `--constrained-fraction` of them (30%) use `tool_choice: "required"` with one strict tool, steered by
 logit_bias towards closing tokens so the random default model finishes its calls (a `length` finish
-is accepted; a finished call must parse and match the schema). Every `--abort-every`-th request of
-each client disconnects after a few chunks (a client going away mid-stream).
+is accepted; a finished call must parse and match the schema). Every `--abort-every`-th request (over
+all clients) disconnects after a few chunks (a client going away mid-stream).
 
 Prints errors by kind, the RSS of every stack process (worker ranks included) at the start and the
 end, and what the scheduler still holds once traffic stopped (target: 0 errors, flat RSS, 0 leaks).
@@ -51,6 +51,7 @@ class Tally:
 class Plan:
     model: str
     max_tokens: int
+    constrained_max_tokens: int  # enough for the steered random model to close its call
     constrained_fraction: float
     abort_every: int
     bias: dict[str, int]
@@ -61,7 +62,8 @@ def request_body(plan: Plan, client: int, number: int) -> dict[str, Any]:
                             "stream_options": {"include_usage": True},
                             "messages": [{"role": "user", "content": PROMPTS[number % len(PROMPTS)]}]}
     if client % 10 < round(plan.constrained_fraction * 10):
-        body.update(tools=[WEATHER_TOOL], tool_choice="required", logit_bias=plan.bias)
+        body.update(tools=[WEATHER_TOOL], tool_choice="required", logit_bias=plan.bias,
+                    max_tokens=plan.constrained_max_tokens)
     return body
 
 
@@ -120,8 +122,8 @@ async def client_loop(http: httpx.AsyncClient, plan: Plan, client: int, deadline
     for number in itertools.count(1):
         if time.monotonic() >= deadline:
             return
-        tally.requests += 1
-        abort = plan.abort_every > 0 and number % plan.abort_every == 0
+        tally.requests += 1  # every abort_every-th request over all clients disconnects early
+        abort = plan.abort_every > 0 and tally.requests % plan.abort_every == 0
         try:
             await one_stream(http, request_body(plan, client, number), abort, tally)
         except httpx.HTTPError as error:
@@ -192,8 +194,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=600.0)
     parser.add_argument("--constrained-fraction", type=float, default=0.3)
-    parser.add_argument("--abort-every", type=int, default=10, help="every N-th request of a client disconnects")
+    parser.add_argument("--abort-every", type=int, default=10, help="every N-th request disconnects early")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--constrained-max-tokens", type=int, default=160)
     parser.add_argument("--tls-cert", type=Path)
     parser.add_argument("--tls-key", type=Path)
     parser.add_argument("--tls-ca", type=Path)
@@ -202,7 +205,8 @@ def main() -> None:
     tls = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
     from services.worker.model.tiny_checkpoint import default_model_dir
 
-    plan = Plan(ready["served_model_name"], args.max_tokens, args.constrained_fraction, args.abort_every,
+    plan = Plan(ready["served_model_name"], args.max_tokens, args.constrained_max_tokens,
+                args.constrained_fraction, args.abort_every,
                 steering_bias(args.model or default_model_dir()))
     rss_start = rss_mib(ready["pids"])
     started = time.monotonic()
