@@ -256,3 +256,13 @@ def test_metrics_report_scheduler_gauges_and_latency_histograms(client, fake, ht
     assert samples[("vllm:time_to_first_token_seconds_count", None)].value >= 1
     assert samples[("vllm:generation_tokens_total", None)].value > 0
     assert ("vllm:e2e_request_latency_seconds_bucket", "+Inf") in samples
+
+def test_a_plain_x_request_id_is_echoed_and_anything_else_replaced(http, fake):
+    fake.enqueue(Script(text="Hi."), Script(text="Hi."))
+    body = {"model": SERVED_MODEL, "messages": USER_TURN}
+    kept = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "lb-1234:abc"})
+    assert kept.headers["X-Request-Id"] == "lb-1234:abc"
+    forged = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "a b\\n[ERROR] x"})
+    assert forged.status_code == 200
+    assert forged.headers["X-Request-Id"] not in ("a b\\n[ERROR] x", "") and " " not in forged.headers["X-Request-Id"]
+    assert http.get("/v1/models").headers["X-Request-Id"]
