@@ -13,7 +13,7 @@ import asyncio
 import logging
 import uuid
 from types import FrameType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import uvicorn
 from starlette.datastructures import MutableHeaders
@@ -21,6 +21,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import correlation
 from services.common.config import FrontendConfig
+
+if TYPE_CHECKING:
+    from services.frontend.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class RequestIdMiddleware:
 class GracefulServer(uvicorn.Server):
     """uvicorn.Server whose exit signal also starts the gateway's drain and its cut-off timer."""
 
-    def __init__(self, config: uvicorn.Config, gateway, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: "Gateway", grace_s: float) -> None:
         super().__init__(config)
         self._gateway = gateway
         self._grace_s = grace_s

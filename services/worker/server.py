@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Iterable, Optional
 
 import grpc
 
@@ -162,7 +162,7 @@ class SequenceLog:
     def clear(self) -> None:
         self._request_ids.clear()
 
-    def started(self, new_sequences) -> None:
+    def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
         for new in new_sequences:
             self._request_ids[new.seq_id] = new.request_id
             _LOG.info("sequence %d started (%d prompt tokens)", new.seq_id, len(new.prompt_token_ids),
