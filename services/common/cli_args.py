@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from services.common.cli_flags import (LOCAL_HOST, build_frontend_parser, build_scheduler_parser,
                                        build_stack_parser, build_worker_parser)
 from services.common.cli_values import DSPARK_METHOD
-from services.common.config import (FrontendConfig, SchedulerConfig, StackConfig, TopologyConfig,
-                                    WorkerConfig)
+from services.common.config import (FrontendConfig, OpsConfig, SchedulerConfig, StackConfig,
+                                    TlsConfig, TopologyConfig, WorkerConfig)
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,23 @@ def check_host_ranks(args: argparse.Namespace, topology: TopologyConfig) -> None
 
 def _describe_ranks(ranks: tuple[int, ...]) -> str:
     return ",".join(map(str, ranks))
+def ops_from_args(args: argparse.Namespace, serves_grpc: bool) -> OpsConfig:
+    tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    return OpsConfig(tls=tls, grpc_reflection=args.grpc_reflection if serves_grpc else True,
+                     shutdown_grace_s=args.shutdown_grace_s, log_format=args.log_format)
+
+
+def check_tls(args: argparse.Namespace, serves_grpc: bool) -> None:
+    """A certificate needs its key (and the reverse); a gRPC server with a CA needs a certificate;
+    every file named must exist."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise FlagError("--tls-cert and --tls-key go together: give both or neither")
+    if serves_grpc and args.tls_ca is not None and args.tls_cert is None:
+        raise FlagError("--tls-ca makes the gRPC server require client certificates, so it needs "
+                        "its own --tls-cert and --tls-key")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca)):
+        if path is not None and not path.is_file():
+            raise FlagError(f"{flag} {path}: no such file")
 
 
 def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> WorkerConfig:
@@ -118,6 +135,7 @@ def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> Worker
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
         torch_threads=args.torch_threads, ranks=getattr(args, "ranks", None),
         dist_init_addr=getattr(args, "dist_init_addr", None),
+        ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -130,7 +148,8 @@ def scheduler_config_from_args(args: argparse.Namespace, model_dir: Path,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
         enable_prefix_caching=bool(args.enable_prefix_caching), speculative=args.speculative_config,
-        generate_defaults=args.generate_config,
+        generate_defaults=args.generate_config, max_waiting_requests=args.max_waiting_requests,
+        ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -138,7 +157,8 @@ def frontend_config_from_args(args: argparse.Namespace, model_dir: Path, schedul
     return FrontendConfig(
         model_dir=model_dir, served_model_name=args.served_model_name or model_dir.name,
         scheduler_address=scheduler_address, host=args.host, port=args.port,
-        generate_defaults=args.generate_config,
+        generate_defaults=args.generate_config, request_timeout_s=args.request_timeout_s,
+        ops=ops_from_args(args, serves_grpc=False),
     )
 
 
@@ -149,7 +169,8 @@ def stack_config_from_args(args: argparse.Namespace, model_dir: Path) -> StackCo
     scheduler = scheduler_config_from_args(scheduler_args, model_dir, (f"{LOCAL_HOST}:{args.worker_port}",))
     frontend = frontend_config_from_args(args, model_dir, f"{LOCAL_HOST}:{args.scheduler_port}")
     return StackConfig(worker=worker, scheduler=scheduler, frontend=frontend,
-                       startup_timeout_s=args.startup_timeout, log_dir=args.log_dir, ready_file=args.ready_file)
+                       startup_timeout_s=args.startup_timeout, log_dir=args.log_dir, ready_file=args.ready_file,
+                       restart_on_failure=args.restart_on_failure)
 
 
 # ---- entry points: argv → config ----
@@ -200,6 +221,7 @@ def check_flags(args: argparse.Namespace) -> None:
     check_speculative(args, topology)
     if topology is not None:
         check_host_ranks(args, topology)
+    check_tls(args, serves_grpc=hasattr(args, "grpc_reflection"))
     if topology is not None and topology.backend == "cpu" and args.devices:
         logger.warning("--devices %s has no effect with --backend cpu", ",".join(map(str, args.devices)))
     if getattr(args, "startup_timeout", 1.0) <= 0:

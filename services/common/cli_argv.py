@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from services.common.config import (FrontendConfig, GenerateDefaults, SchedulerConfig,
+from services.common.config import (FrontendConfig, GenerateDefaults, OpsConfig, SchedulerConfig,
                                     SpeculativeConfig, WorkerConfig)
 
 
@@ -26,7 +26,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
         argv += ["--ranks", ",".join(map(str, cfg.ranks))]
     if cfg.dist_init_addr is not None:
         argv += ["--dist-init-addr", cfg.dist_init_addr]
-    return argv
+    return argv + ops_argv(cfg.ops, grpc_server=True)
 
 
 def scheduler_argv(cfg: SchedulerConfig) -> list[str]:
@@ -37,13 +37,28 @@ def scheduler_argv(cfg: SchedulerConfig) -> list[str]:
             "--long-prefill-token-threshold", str(cfg.long_prefill_token_threshold),
             "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching",
             "--generate-config", _generate_json(cfg.generate_defaults),
-            "--host", cfg.host, "--port", str(cfg.port)]
+            "--max-waiting-requests", str(cfg.max_waiting_requests),
+            "--host", cfg.host, "--port", str(cfg.port), *ops_argv(cfg.ops, grpc_server=True)]
 
 
 def frontend_argv(cfg: FrontendConfig) -> list[str]:
-    return ["--model", str(cfg.model_dir), "--served-model-name", cfg.served_model_name,
+    argv = ["--model", str(cfg.model_dir), "--served-model-name", cfg.served_model_name,
             "--scheduler", cfg.scheduler_address, "--generate-config", _generate_json(cfg.generate_defaults),
-            "--host", cfg.host, "--port", str(cfg.port)]
+            "--host", cfg.host, "--port", str(cfg.port), *ops_argv(cfg.ops, grpc_server=False)]
+    if cfg.request_timeout_s is not None:
+        argv += ["--request-timeout-s", repr(cfg.request_timeout_s)]
+    return argv
+
+
+def ops_argv(ops: OpsConfig, grpc_server: bool) -> list[str]:
+    argv = ["--shutdown-grace-s", repr(ops.shutdown_grace_s), "--log-format", ops.log_format]
+    for flag, path in (("--tls-cert", ops.tls.cert_file), ("--tls-key", ops.tls.key_file),
+                       ("--tls-ca", ops.tls.ca_file)):
+        if path is not None:
+            argv += [flag, str(path)]
+    if grpc_server:
+        argv.append("--grpc-reflection" if ops.grpc_reflection else "--no-grpc-reflection")
+    return argv
 
 
 def _length_flags(block_size: int, max_model_len: int, max_num_batched_tokens: int,

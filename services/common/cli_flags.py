@@ -9,8 +9,9 @@ import argparse
 from pathlib import Path
 
 from services.common.cli_values import (address, address_list, dtype_choice, device_list,
-                                        generate_config, memory_size, non_negative_int,
-                                        positive_int, rank_set, speculative_config)
+                                        generate_config, memory_size, non_negative_float,
+                                        non_negative_int, positive_float, positive_int, rank_set,
+                                        speculative_config)
 from services.common.config import GenerateDefaults
 
 DEFAULT_FRONTEND_PORT = 8000
@@ -76,6 +77,38 @@ def _add_worker_memory(p: argparse.ArgumentParser) -> None:
                    help="intra-op threads per CPU rank (default 1: best on small shared machines)")
 
 
+def _add_ops(p: argparse.ArgumentParser, grpc_server: bool) -> None:
+    """TLS, logs and graceful stop: every service and the launcher."""
+    group = p.add_argument_group("transport security, logs and stopping")
+    group.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                       help="this service's certificate: TLS on its gRPC server and the "
+                            "certificate it presents to the gRPC services it calls")
+    group.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the key of --tls-cert")
+    group.add_argument("--tls-ca", type=Path, default=None, metavar="PEM",
+                       help="CA that signs every service's certificate: mutual TLS (servers require "
+                            "and verify client certificates; clients verify the server)")
+    if grpc_server:
+        group.add_argument("--grpc-reflection", action=argparse.BooleanOptionalAction, default=True,
+                           help="gRPC server reflection for grpcurl list/describe (default on)")
+    group.add_argument("--shutdown-grace-s", type=non_negative_float, default=10.0, metavar="S",
+                       help="on SIGTERM, seconds in-flight work may take to finish before it is "
+                            "ended with an error (default 10)")
+    group.add_argument("--log-format", choices=("text", "json"), default="text",
+                       help="text lines or one JSON object per line (default text)")
+
+
+def _add_backpressure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-waiting-requests", type=non_negative_int, default=512, metavar="N",
+                   help="requests queued (waiting or grammar-pending) at most; more are refused "
+                        "with 503 + Retry-After (default 512; 0: no bound)")
+
+
+def _add_request_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--request-timeout-s", type=positive_float, default=None, metavar="S",
+                   help="deadline of one generation; on expiry it is freed and the client gets 504 "
+                        "(or an SSE error event) (default: none)")
+
+
 def _add_npu_only(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("NPU-only settings (accepted for compatibility; ignored with a warning)")
     group.add_argument("--platform", default=None, metavar="NAME")
@@ -98,6 +131,7 @@ def build_worker_parser(prog: str = "dsv4serve worker") -> argparse.ArgumentPars
     _add_lengths(p)
     _add_worker_memory(p)
     _add_npu_only(p)
+    _add_ops(p, grpc_server=True)
     _add_bind(p, LOCAL_HOST, DEFAULT_WORKER_PORT)
     return p
 
@@ -109,8 +143,10 @@ def build_scheduler_parser(prog: str = "dsv4serve scheduler") -> argparse.Argume
                    help=f"worker addresses host:port,… (default {LOCAL_HOST}:{DEFAULT_WORKER_PORT})")
     _add_lengths(p)
     _add_scheduling(p)
+    _add_backpressure(p)
     _add_generate_defaults(p)
     _add_npu_only(p)
+    _add_ops(p, grpc_server=True)
     _add_bind(p, LOCAL_HOST, DEFAULT_SCHEDULER_PORT)
     return p
 
@@ -121,7 +157,9 @@ def build_frontend_parser(prog: str = "dsv4serve frontend") -> argparse.Argument
     p.add_argument("--scheduler", type=address, metavar="ADDR", default=f"{LOCAL_HOST}:{DEFAULT_SCHEDULER_PORT}",
                    help=f"scheduler address host:port (default {LOCAL_HOST}:{DEFAULT_SCHEDULER_PORT})")
     _add_generate_defaults(p)
+    _add_request_timeout(p)
     _add_npu_only(p)
+    _add_ops(p, grpc_server=False)
     _add_bind(p, LOCAL_HOST, DEFAULT_FRONTEND_PORT)
     return p
 
@@ -132,9 +170,12 @@ def build_stack_parser(prog: str = "dsv4serve stack") -> argparse.ArgumentParser
     _add_topology(p)
     _add_lengths(p)
     _add_scheduling(p)
+    _add_backpressure(p)
     _add_generate_defaults(p)
+    _add_request_timeout(p)
     _add_worker_memory(p)
     _add_npu_only(p)
+    _add_ops(p, grpc_server=True)
     _add_bind(p, LOCAL_HOST, DEFAULT_FRONTEND_PORT)
     p.add_argument("--scheduler-port", type=non_negative_int, default=DEFAULT_SCHEDULER_PORT,
                    help=f"scheduler port on {LOCAL_HOST} (default {DEFAULT_SCHEDULER_PORT}; 0: a free port)")
@@ -143,4 +184,7 @@ def build_stack_parser(prog: str = "dsv4serve stack") -> argparse.ArgumentParser
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds until the stack must be ready")
     p.add_argument("--log-dir", type=Path, default=None, metavar="DIR", help="write each service's output to DIR/<service>.log")
     p.add_argument("--ready-file", type=Path, default=None, metavar="PATH", help="write the addresses as JSON here once ready")
+    p.add_argument("--restart-on-failure", action="store_true",
+                   help="restart a child that exits on its own (at most 5 times in 10 minutes, "
+                        "backoff 1, 2, 4, … 30 s) instead of stopping the stack")
     return p

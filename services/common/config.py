@@ -28,6 +28,42 @@ class GenerateDefaults:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """gRPC transport security of one service (`--tls-cert/--tls-key/--tls-ca`); all None: plaintext.
+
+    A service uses one identity for both directions: the scheduler presents `cert_file` to the
+    frontends that call it and to the workers it calls. As a server, `cert_file` + `key_file` turn TLS
+    on and `ca_file` makes it mutual (client certificates required and verified against the CA). As a
+    client, any of the three turns TLS on: `ca_file` verifies the server (system roots otherwise) and
+    `cert_file` + `key_file` are presented when the server asks for a client certificate.
+    """
+
+    cert_file: Optional[Path] = None
+    key_file: Optional[Path] = None
+    ca_file: Optional[Path] = None
+
+    @property
+    def serves_tls(self) -> bool:
+        return self.cert_file is not None
+
+    @property
+    def dials_tls(self) -> bool:
+        return self.cert_file is not None or self.ca_file is not None
+
+
+@dataclass(frozen=True)
+class OpsConfig:
+    """What every service shares about running in production: transport, logs and stopping."""
+
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # gRPC server reflection (grpcurl `list`/`describe` without .proto files); servers only.
+    grpc_reflection: bool = True
+    # On SIGTERM, in-flight work gets this long to finish before it is ended with an error.
+    shutdown_grace_s: float = 10.0
+    log_format: str = "text"  # "text" or "json" (one JSON object per line)
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     backend: str = "cpu"  # "cpu" or "cuda"
     devices: tuple[int, ...] = ()
@@ -61,6 +97,10 @@ class SchedulerConfig:
     stall_timeout_s: float = 5.0
     # Seconds between readiness round trips to the workers.
     worker_probe_interval_s: float = 1.0
+    # Requests queued (waiting or grammar-pending) at most; beyond it new ones are refused with
+    # UNAVAILABLE and a retry hint (the frontend's 503 + Retry-After). 0: no bound.
+    max_waiting_requests: int = 512
+    ops: OpsConfig = field(default_factory=OpsConfig)
 
 
 @dataclass(frozen=True)
@@ -87,6 +127,8 @@ class WorkerConfig:
     # needed when the world spans several workers. None: a free loopback port of this worker.
     dist_init_addr: Optional[str] = None
 
+    ops: OpsConfig = field(default_factory=OpsConfig)
+
     @property
     def driven_ranks(self) -> tuple[int, ...]:
         return self.ranks if self.ranks is not None else tuple(range(self.topology.world_size))
@@ -104,6 +146,10 @@ class FrontendConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)
+    # Deadline of one generation from its Generate call; None: none. On expiry the scheduler frees
+    # the request and the client gets 504 (or an SSE error event when the stream had started).
+    request_timeout_s: Optional[float] = None
+    ops: OpsConfig = field(default_factory=OpsConfig)
 
 
 @dataclass(frozen=True)
@@ -124,3 +170,6 @@ class StackConfig:
     log_dir: Optional[Path] = None
     # When set, the launcher writes {"base_url", "scheduler_address", "worker_address"} here once ready.
     ready_file: Optional[Path] = None
+    # Restart a child that exits on its own (capped, with backoff: see launcher.RestartPolicy)
+    # instead of stopping the stack.
+    restart_on_failure: bool = False

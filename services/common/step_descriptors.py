@@ -20,6 +20,8 @@ class NewSequence:
     prompt_token_ids: tuple[int, ...]
     logit_bias_token_ids: tuple[int, ...] = ()
     logit_bias_values: tuple[float, ...] = ()
+    # The request's correlation id, for the worker's logs.
+    request_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
         step_id=plan.step_id,
         new_sequences=[worker_pb2.NewSequence(
             seq_id=s.seq_id, partition_id=s.partition_id, prompt_token_ids=s.prompt_token_ids,
-            logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values)
+            logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values,
+            request_id=s.request_id)
             for s in plan.new_sequences],
         rows=[_row_to_proto(row) for row in plan.rows],
         finished_seq_ids=plan.finished_seq_ids)
@@ -36,7 +37,8 @@ def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
             seq_id=new.seq_id, partition_id=new.partition_id,
             prompt_token_ids=tuple(new.prompt_token_ids),
             logit_bias_token_ids=tuple(new.logit_bias_token_ids),
-            logit_bias_values=tuple(new.logit_bias_values)) for new in request.new_sequences],
+            logit_bias_values=tuple(new.logit_bias_values), request_id=new.request_id)
+            for new in request.new_sequences],
         rows=[_row_from_proto(row) for row in request.rows],
         finished_seq_ids=list(request.finished_seq_ids))
 

@@ -12,16 +12,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 import anyio
-import uvicorn
+import grpc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from services.common.config import FrontendConfig
@@ -29,15 +31,16 @@ from services.frontend.chat_format import render_chat_request
 from services.frontend.constraints import build_constraint
 from services.frontend.dsv4_tokens import BOS
 from services.frontend.errors import RequestError
-from services.frontend.metrics import FrontendMetrics, RequestTimer
+from services.frontend.metrics import CONTENT_TYPE, FrontendMetrics, RequestTimer
 from services.frontend.openai_request import (GenerationParams, RequestLimits, UnknownModelError,
                                               decode_json_object, parse_chat_request,
                                               parse_completion_request, parse_detokenize_request,
                                               parse_tokenize_request)
 from services.frontend.responses import (AdmittedGeneration, ResponseHeader, error_body,
                                          new_response_id)
-from services.frontend.scheduler_client import (GenerationSpec, ModelInfo, SchedulerClient,
-                                                SchedulerError)
+from services.frontend.scheduler_client import (GenerationSpec, GenerationStream, ModelInfo,
+                                                RequestTimedOut, SchedulerClient, SchedulerError)
+from services.frontend.serving import RequestIdMiddleware
 from services.frontend.stop_strings import StoppingDecoder
 from services.frontend.tokenizer import Dsv4Tokenizer
 
@@ -46,6 +49,8 @@ T = TypeVar("T")
 
 HEALTH_TIMEOUT_S = 2.0
 METRICS_TIMEOUT_S = 1.0
+# Retry-After of a request refused because this frontend is stopping (its replicas are not).
+SHUTDOWN_RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class Gateway:
         self._scheduler = scheduler
         self._owns_scheduler = scheduler is None
         self._model_info: Optional[ModelInfo] = None
+        self.draining = False  # a graceful stop began: new generations are refused
+        self._live: weakref.WeakSet[GenerationStream] = weakref.WeakSet()
 
     @property
     def scheduler(self) -> SchedulerClient:
@@ -82,7 +89,8 @@ class Gateway:
 
     async def open(self) -> None:
         if self._scheduler is None:
-            self._scheduler = SchedulerClient(self.config.scheduler_address)
+            self._scheduler = SchedulerClient(self.config.scheduler_address, self.config.ops.tls,
+                                              self.config.request_timeout_s)
 
     async def close(self) -> None:
         if self._owns_scheduler and self._scheduler is not None:
@@ -112,13 +120,28 @@ class Gateway:
             ids = [self.tokenizer.bos_token_id, *ids]
         return ids
 
+    def begin_shutdown(self) -> None:
+        self.draining = True
+
+    def cut_off_live(self) -> None:
+        """End of the shutdown grace: end every generation still running with an error."""
+        message = "the server is shutting down and the request did not finish within its grace period"
+        cut = sum(stream.cut_off(message) for stream in list(self._live))
+        self.metrics.count_cut_at_shutdown(cut)
+        log.warning("shutdown grace over: ended %d running request(s) with an error", cut)
+
     async def admit(self, header: ResponseHeader, prompt: PreparedPrompt, params: GenerationParams,
-                    timer: RequestTimer) -> AdmittedGeneration:
+                    timer: RequestTimer, request_id: str) -> AdmittedGeneration:
         """Starts `Generate` and waits for admission; `SchedulerError` when refused."""
+        if self.draining:
+            self.metrics.count_rejected("shutting_down")
+            raise SchedulerError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down",
+                                 retry_after_s=SHUTDOWN_RETRY_AFTER_S)
         max_tokens = params.max_tokens or self.config.generate_defaults.max_new_tokens
         spec = GenerationSpec(header.response_id, prompt.token_ids, max_tokens, params.logit_bias,
                               params.ignore_eos, prompt.constraint)
-        stream = self.scheduler.generate(spec)
+        stream = self.scheduler.generate(spec, request_id)
+        self._live.add(stream)
         try:
             admission = await stream.admitted()
         except BaseException:
@@ -126,7 +149,9 @@ class Gateway:
             raise
         decoder = StoppingDecoder(self.tokenizer.detokenizer(), self.tokenizer.eos_token_id,
                                   params.stop)
-        return AdmittedGeneration(stream, admission, header, decoder, self.metrics, timer)
+        log.info("%s: admitted (%d prompt tokens, max_tokens %d)", header.response_id,
+                 admission.prompt_tokens, admission.max_tokens, extra={"request_id": request_id})
+        return AdmittedGeneration(stream, admission, header, decoder, self.metrics, timer, request_id)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -143,7 +168,8 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(await _json_body(request), gw.limits)
     prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat.body)
     header = ResponseHeader(new_response_id("chatcmpl"), gw.config.served_model_name)
-    generation = await _unless_disconnected(request, gw.admit(header, prompt, chat.params, timer))
+    generation = await _unless_disconnected(
+        request, gw.admit(header, prompt, chat.params, timer, request.state.request_id))
     if chat.params.stream:
         return _sse_response(generation.chat_events(prompt.thinking, chat.tools,
                                                     chat.params.include_usage))
@@ -161,7 +187,7 @@ async def completions(request: Request) -> Response:
         token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True)
     header = ResponseHeader(new_response_id("cmpl"), gw.config.served_model_name)
     generation = await _unless_disconnected(
-        request, gw.admit(header, PreparedPrompt(token_ids), params, timer))
+        request, gw.admit(header, PreparedPrompt(token_ids), params, timer, request.state.request_id))
     if params.stream:
         return _sse_response(generation.text_events(params.include_usage))
     return JSONResponse(await _unless_disconnected(request, generation.text_body()))
@@ -175,6 +201,8 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    if _gateway(request).draining:
+        return JSONResponse({"status": "unavailable", "reason": "shutting down"}, status_code=503)
     try:
         readiness = await _gateway(request).scheduler.check_ready(HEALTH_TIMEOUT_S)
     except SchedulerError as error:
@@ -213,8 +241,7 @@ async def metrics(request: Request) -> Response:
         snapshot = await gw.scheduler.get_scheduler_state(METRICS_TIMEOUT_S)
     except SchedulerError:
         snapshot = None
-    return PlainTextResponse(gw.metrics.render(snapshot),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(gw.metrics.render(snapshot), media_type=CONTENT_TYPE)
 
 
 def _sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
@@ -257,8 +284,23 @@ async def _on_request_error(request: Request, error: Exception) -> Response:
 async def _on_scheduler_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, SchedulerError)
     status = error.http_status
-    error_type = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
-    return _error_response(status, error.message, error_type, None, error.code.name.lower())
+    if not error.after_admission:  # after admission the generation counted its own ending
+        _count_refusal(_gateway(request), error)
+    log.info("request refused (%d): %s", status, error.message,
+             extra={"request_id": request.state.request_id})
+    error_type = {400: "invalid_request_error", 503: "service_unavailable",
+                  504: "timeout"}.get(status, "server_error")
+    response = _error_response(status, error.message, error_type, None, error.code.name.lower())
+    if error.retry_after_s is not None:
+        response.headers["Retry-After"] = str(error.retry_after_s)
+    return response
+
+
+def _count_refusal(gw: Gateway, error: SchedulerError) -> None:
+    if isinstance(error, RequestTimedOut):
+        gw.metrics.count_timeout()
+    elif error.retry_after_s is not None and not gw.draining:
+        gw.metrics.count_rejected("queue_full")
 
 
 async def _on_http_error(request: Request, error: Exception) -> Response:
@@ -304,13 +346,7 @@ def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClien
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         RequestError: _on_request_error, SchedulerError: _on_scheduler_error,
         HTTPException: _on_http_error, ClientDisconnected: _on_disconnect, Exception: _on_bug}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                    middleware=[Middleware(RequestIdMiddleware)])
     app.state.gateway = gateway
     return app
-
-
-async def serve(config: FrontendConfig) -> None:
-    """Serves the gateway with uvicorn on the running loop (the CLI runs it under uvloop)."""
-    server_config = uvicorn.Config(create_app(config), host=config.host, port=config.port,
-                                   log_level="info", timeout_graceful_shutdown=5)
-    await uvicorn.Server(server_config).serve()

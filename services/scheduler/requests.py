@@ -45,6 +45,9 @@ class GenerateParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     constraint: Optional[ConstraintSpec] = None
+    # The caller's correlation id (gRPC metadata `x-request-id`), logged here and by the workers;
+    # empty: the request id serves.
+    correlation_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class FailedEvent:
 
     kind: ErrorKind
     message: str
+    retry_after_s: Optional[int] = None  # set on back-pressure refusals
 
 
 RequestEvent = Union[AdmittedEvent, TokensEvent, FinishedEvent, FailedEvent]
@@ -105,6 +109,7 @@ class Request:
     # Tokens of this sequence the worker already knows (NewSequence prompt + appended outputs).
     num_known_tokens: int = 0
     num_preemptions: int = 0
+    correlation_id: str = ""  # see GenerateParams
 
     @property
     def constrained(self) -> bool:

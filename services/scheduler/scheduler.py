@@ -221,7 +221,8 @@ class Scheduler:
             seq_id=request.seq_id, partition_id=request.partition_id,
             prompt_token_ids=tuple(request.tokens_in_range(0, request.num_tokens)),
             logit_bias_token_ids=tuple(t for t, _ in request.logit_bias),
-            logit_bias_values=tuple(b for _, b in request.logit_bias))
+            logit_bias_values=tuple(b for _, b in request.logit_bias),
+            request_id=request.correlation_id)
 
     def _row(self, request: Request, num_new: int, mask: Optional[TokenMask]) -> ScheduledRow:
         start = request.num_computed_tokens

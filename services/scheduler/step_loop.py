@@ -28,6 +28,8 @@ from services.scheduler.worker_description import WorkerDescription
 log = logging.getLogger(__name__)
 
 Command = Callable[[], None]
+# Retry-After of a back-pressure refusal: about how long a step batch takes to drain a few requests.
+QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 class StepExecutor(Protocol):
@@ -57,6 +59,7 @@ class StepLoop:
         self._grammar_build: Optional[asyncio.Task] = None
         self.grammar: Optional[GrammarBackend] = None
         self.not_ready_reason = "no worker has completed its handshake yet"
+        self._refusal = ""  # set by `stop_admitting`: why new requests are refused
 
     # ---- called from other tasks (servicer, worker client); each enqueues a command ----------
     def submit(self, params: GenerateParams, emit: EventSink) -> None:
@@ -80,6 +83,22 @@ class StepLoop:
 
     async def request_snapshot(self, request_id: str) -> Optional[RequestSnapshot]:
         return await self._ask(lambda: self._request_snapshot(request_id))
+
+    def stop_admitting(self, reason: str) -> None:
+        """Graceful stop: refuse new requests with UNAVAILABLE; live ones go on."""
+        self._commands.put_nowait(lambda: setattr(self, "_refusal", reason))
+
+    async def num_live_requests(self) -> int:
+        return await self._ask(lambda: len(self._requests))
+
+    async def fail_live_requests(self, message: str) -> int:
+        """Fail every live request with UNAVAILABLE (end of a graceful stop); how many there were."""
+        def fail_all() -> int:
+            live = list(self._requests.values())
+            for request in live:
+                self._fail_anywhere(request, ErrorKind.UNAVAILABLE, message)
+            return len(live)
+        return await self._ask(fail_all)
 
     def workers_ready(self, description: WorkerDescription) -> None:
         self._commands.put_nowait(lambda: self._on_workers_ready(description))
@@ -152,7 +171,7 @@ class StepLoop:
         try:
             request, admitted = self._admit(params, emit)
         except SchedulerError as error:
-            emit(FailedEvent(error.kind, error.message))
+            emit(FailedEvent(error.kind, error.message, error.retry_after_s))
             return
         self._requests[request.request_id] = request
         self._sinks[request.request_id] = emit
@@ -170,6 +189,9 @@ class StepLoop:
     def _admit(self, params: GenerateParams, emit: EventSink) -> tuple[Request, AdmittedEvent]:
         if self._scheduler is None:
             raise SchedulerError(ErrorKind.UNAVAILABLE, f"not ready: {self.not_ready_reason}")
+        if self._refusal:
+            raise SchedulerError(ErrorKind.UNAVAILABLE, self._refusal)
+        self._check_queue_room()
         if params.request_id in self._requests:
             raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
                                  f"request id {params.request_id!r} is already live")
@@ -182,6 +204,16 @@ class StepLoop:
                                  f"the prompt ({len(request.prompt_token_ids)} tokens) can never "
                                  f"fit the KV cache of one partition")
         return request, admitted
+
+    def _check_queue_room(self) -> None:
+        """Back-pressure: refuse when `max_waiting_requests` are already queued (waiting, including
+        preempted ones, plus grammar-pending)."""
+        limit = self._config.max_waiting_requests
+        queued = len(self._scheduler.waiting) + len(self._compiles)
+        if limit and queued >= limit:
+            raise SchedulerError(ErrorKind.UNAVAILABLE,
+                                 f"overloaded: {queued} requests are queued (--max-waiting-requests "
+                                 f"{limit}); retry later", retry_after_s=QUEUE_FULL_RETRY_AFTER_S)
 
     def _forgetting(self, request: Request, emit: EventSink) -> EventSink:
         """Wrap the sink so a terminal event also drops the request from the live table."""

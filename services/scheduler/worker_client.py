@@ -18,6 +18,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.build_info import ABI_VERSION, build_id
+from services.common.config import TlsConfig
+from services.common.grpc_channels import aio_channel
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from services.scheduler.errors import WorkerLost
 from services.common.step_descriptors import StepPlan, StepResult, merge_results
@@ -76,12 +78,12 @@ class Readiness:
 class WorkerConnection:
     """One worker: its channel, handshake facts and (while ready) its Step stream."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsConfig = TlsConfig()) -> None:
         self.address = address
         self.description: Optional[WorkerDescription] = None
         self.error = "not connected yet"
         self.last_ok: Optional[float] = None
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channel = aio_channel(address, tls, _CHANNEL_OPTIONS)
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._stream: Optional[grpc.aio.StreamStreamCall] = None
@@ -168,8 +170,8 @@ class WorkerSet:
     def __init__(self, addresses: tuple[str, ...], *, block_size: int,
                  expected_fingerprint: Optional[str], probe_interval_s: float,
                  timeouts: WorkerTimeouts, on_ready: Callable[[WorkerDescription], None],
-                 on_lost: Callable[[str], None]) -> None:
-        self._connections = [WorkerConnection(address) for address in addresses]
+                 on_lost: Callable[[str], None], tls: TlsConfig = TlsConfig()) -> None:
+        self._connections = [WorkerConnection(address, tls) for address in addresses]
         self._block_size = block_size
         self._reference_fingerprint = expected_fingerprint
         self._fingerprint_source = "the expected fingerprint" if expected_fingerprint else ""

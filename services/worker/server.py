@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Iterable, Optional
 
 import grpc
 
@@ -64,6 +64,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._step_lock = asyncio.Lock()
         self._stream_generation = 0
         self.joined = asyncio.Event()  # set by each JoinWorld; the supervisor watches new ranks
+        self._stopping = False
+        self._sequences = SequenceLog()
 
     async def Describe(self, request: worker_pb2.DescribeRequest,
                        context: grpc.aio.ServicerContext) -> worker_pb2.DescribeResponse:
@@ -98,8 +100,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._stream_generation += 1
             generation = self._stream_generation
             await self._drop_all_sequences()
+            self._sequences.clear()
         async for request in request_iterator:
-            yield await self._step(request, generation)
+            response = await self._step(request, generation)
+            if response is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
+            yield response
+
+    async def drain(self, grace_s: float) -> None:
+        """Graceful stop: the step in flight finishes (up to `grace_s`); later steps end the
+        stream with UNAVAILABLE, so the scheduler fails its requests clearly and reconnects."""
+        try:
+            await asyncio.wait_for(self._step_lock.acquire(), grace_s)
+        except asyncio.TimeoutError:
+            _LOG.warning("the step in flight did not finish within the %gs shutdown grace", grace_s)
+            self._stopping = True
+            return
+        self._stopping = True
+        self._step_lock.release()
 
     async def _drop_all_sequences(self) -> None:
         try:
@@ -109,18 +127,58 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             pass  # every step of this stream reports the failure
 
     async def _step(self, request: worker_pb2.StepRequest,
-                    generation: int) -> worker_pb2.StepResponse:
+                    generation: int) -> Optional[worker_pb2.StepResponse]:
+        """The step's response; None once a graceful stop began (no new step starts)."""
         async with self._step_lock:
+            if self._stopping:
+                return None
             if generation != self._stream_generation:
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error="superseded by a newer Step stream")
+            self._sequences.started(request.new_sequences)
             try:
                 await asyncio.shield(self._ranks_started)
                 result = await self._ranks.step(plan_from_proto(request))
             except RankGroupError as error:
+                self._sequences.step_failed(request, str(error))
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error=f"worker ranks failed: {error}")
+        self._sequences.ended(request, result)
         return result_to_proto(result)
+
+
+class SequenceLog:
+    """Logs sequence starts and failures under the request's correlation id (the scheduler sends
+    it once, in NewSequence); forgets a sequence when the scheduler finishes it."""
+
+    def __init__(self) -> None:
+        self._request_ids: dict[int, str] = {}
+
+    def clear(self) -> None:
+        self._request_ids.clear()
+
+    def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
+        for new in new_sequences:
+            self._request_ids[new.seq_id] = new.request_id
+            _LOG.info("sequence %d started (%d prompt tokens)", new.seq_id, len(new.prompt_token_ids),
+                      extra={"request_id": new.request_id})
+
+    def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:
+        for row in request.rows:
+            self._failed(row.seq_id, error)
+
+    def ended(self, request: worker_pb2.StepRequest, result: StepResult) -> None:
+        if result.error:
+            self.step_failed(request, result.error)
+        for row in result.results:
+            if row.error:
+                self._failed(row.seq_id, row.error)
+        for seq_id in request.finished_seq_ids:
+            self._request_ids.pop(seq_id, None)
+
+    def _failed(self, seq_id: int, error: str) -> None:
+        _LOG.warning("sequence %d failed: %s", seq_id, error,
+                     extra={"request_id": self._request_ids.get(seq_id, "")})
 
 
 @dataclass
@@ -129,6 +187,7 @@ class RunningWorker:
     ranks: RankGroup
     ranks_started: asyncio.Task
     supervision: asyncio.Task
+    servicer: WorkerServicer
 
     @property
     def port(self) -> int:
@@ -161,13 +220,14 @@ async def start_worker_server(config: WorkerConfig,
     try:
         running = await start_server(
             config.host, config.port, [SERVICE_NAME],
-            lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server))
+            lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server),
+            tls=config.ops.tls, reflection_on=config.ops.grpc_reflection)
     except BaseException:
         await ranks.stop()
         raise
     supervision = asyncio.create_task(_supervise(ranks, ranks_started, running, servicer.joined),
                                       name="worker-ranks-supervision")
-    return RunningWorker(running, ranks, ranks_started, supervision)
+    return RunningWorker(running, ranks, ranks_started, supervision, servicer)
 
 
 async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer,
@@ -204,7 +264,7 @@ async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None
     if started is not None:
         started.set()
     try:
-        await serve_until_signal(running.grpc)
+        await serve_until_signal(running.grpc, config.ops.shutdown_grace_s, running.servicer.drain)
         # Ranks that failed to start stopped the server; a signal during start-up is no failure.
         start_error = running.ranks_started.exception() if running.ranks_started.done() else None
     finally:

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import grpc
 import httpx
 
+from services.common.config import TlsConfig
+from services.common.grpc_channels import blocking_channel
 from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 T = TypeVar("T")
@@ -23,8 +24,9 @@ T = TypeVar("T")
 STEERING = {"</": 10, "｜DSML｜": 20, '"': 9, "]": 8, "}": 8, "</think>": 10}
 
 
-def scheduler_state(address: str, include_requests: bool = False) -> scheduler_pb2.GetSchedulerStateResponse:
-    with grpc.insecure_channel(address) as channel:
+def scheduler_state(address: str, include_requests: bool = False,
+                    tls: TlsConfig = TlsConfig()) -> scheduler_pb2.GetSchedulerStateResponse:
+    with blocking_channel(address, tls) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         return stub.GetSchedulerState(
             scheduler_pb2.GetSchedulerStateRequest(include_requests=include_requests), timeout=10)

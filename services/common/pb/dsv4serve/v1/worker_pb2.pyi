@@ -99,18 +99,20 @@ class DescribeResponse(_message.Message):
     def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
-    __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values")
+    __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values", "request_id")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_VALUES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     partition_id: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logit_bias_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logit_bias_values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_values: _Optional[_Iterable[float]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_values: _Optional[_Iterable[float]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class TokenMask(_message.Message):
     __slots__ = ("allowed_token_ids", "bitmask")
