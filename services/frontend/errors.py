@@ -21,3 +21,11 @@ class RequestError(Exception):
 
     def __repr__(self) -> str:
         return f"RequestError(message={self.message!r}, param={self.param!r}, code={self.code!r})"
+
+
+class ConstraintError(RequestError):
+    """The request asks for a constraint the grammar cannot express, or one over the server's
+    bounds → HTTP 400 naming the tool, the schema keyword or the limit."""
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message, param, "invalid_request_error")
