@@ -186,7 +186,8 @@ def run_stack(cfg: StackConfig, out: TextIO = sys.stdout) -> int:
         cfg.ready_file.unlink(missing_ok=True)  # it must only ever describe this run, while it is ready
     try:
         return run_supervised(child_specs(cfg), cfg.startup_timeout_s, cfg.log_dir,
-                              on_ready=lambda: announce_ready(cfg, out), env=child_env(os.environ))
+                              on_ready=lambda: announce_ready(cfg, out),
+                              env={**child_env(os.environ), **cli_argv.frontend_env(cfg.frontend)})
     finally:
         if cfg.ready_file is not None:
             cfg.ready_file.unlink(missing_ok=True)

@@ -54,6 +54,15 @@ def device_list(text: str) -> tuple[int, ...]:
     return devices
 
 
+def path_list(text: str) -> tuple[str, ...]:
+    """Comma-separated URL paths, each starting with '/'; '' is the empty list."""
+    paths = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [path for path in paths if not path.startswith("/")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"paths must start with '/': {bad[0]!r}")
+    return paths
+
+
 def address_list(text: str) -> tuple[str, ...]:
     """`host:port,host:port` → a tuple of addresses."""
     addresses = tuple(part.strip() for part in text.split(",") if part.strip())

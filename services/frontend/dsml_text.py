@@ -39,7 +39,7 @@ def strict_json(text: str) -> Any:
     `INVALID_JSON` when the text is not one JSON value (surrounding whitespace allowed)."""
     try:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except ValueError:
+    except (ValueError, RecursionError):   # too deep for the parser counts as not parseable
         return INVALID_JSON
 
 
