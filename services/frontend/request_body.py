@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Iterator, Optional, Union
 
@@ -19,6 +18,7 @@ import numpy as np
 from starlette.requests import Request
 
 from services.frontend.errors import RequestError
+from services.frontend.json_standard import loads_standard
 
 _STRING = re.compile(rb'"[^"]*"')
 _BRACKET_STEP = np.zeros(256, dtype=np.int8)
@@ -87,21 +87,10 @@ def loads_bounded(text: Union[bytes, str], max_depth: int, param: Optional[str])
     if depth > max_depth:
         raise JsonTooDeep(depth, max_depth, param)
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return loads_standard(text)
     except (ValueError, RecursionError) as error:   # JSONDecodeError is a ValueError
         where = f"`{param}` is" if param else "The request body is"
         raise RequestError(f"{where} not valid JSON: {str(error)[:120]}", param) from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"the number {text[:40]} overflows a double")
-    return value
 
 
 def _reject_surrogates(body: dict[str, Any]) -> None:

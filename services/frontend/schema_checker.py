@@ -38,17 +38,18 @@ class SchemaBudget:
 
     def add_properties(self, count: int, path: str) -> None:
         self.properties += count
-        if self.properties > self.bounds.max_properties:
-            raise ConstraintError(f"the request's schemas declare more than "
-                                  f"{self.bounds.max_properties} properties in total (limit "
-                                  f"{self.bounds.max_properties})", path)
+        self._check_total(self.properties, self.bounds.max_properties, "declare", "properties", path)
 
     def add_enum_values(self, count: int, path: str) -> None:
         self.enum_values += count
-        if self.enum_values > self.bounds.max_enum_values:
-            raise ConstraintError(f"the request's schemas list more than "
-                                  f"{self.bounds.max_enum_values} enum values in total (limit "
-                                  f"{self.bounds.max_enum_values})", path)
+        self._check_total(self.enum_values, self.bounds.max_enum_values, "list", "enum values",
+                          path)
+
+    @staticmethod
+    def _check_total(total: int, limit: int, verb: str, what: str, path: str) -> None:
+        if total > limit:
+            raise ConstraintError(f"the request's schemas {verb} more than {limit} {what} in "
+                                  f"total (limit {limit})", path)
 
 
 class SchemaChecker:
