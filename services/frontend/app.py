@@ -18,7 +18,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -234,7 +234,8 @@ def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClien
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         RequestError: _on_request_error, SchedulerError: _on_scheduler_error,
-        HTTPException: _on_http_error, ClientDisconnected: _on_disconnect, Exception: _on_bug}
+        HTTPException: _on_http_error, ClientDisconnected: _on_disconnect,
+        ClientDisconnect: _on_disconnect, Exception: _on_bug}
     middleware = [Middleware(ApiKeyMiddleware, api_key=config.api_key,
                              exempt_paths=config.auth_exempt_paths)] if config.api_key else []
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,

@@ -8,6 +8,9 @@ tests/e2e/test_hostile_input_e2e.py.
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -205,3 +208,16 @@ class TestBodySize:
         response = small_body_http.post("/v1/chat/completions",
                                         json=required_call(optional_integers(40)))
         assert_rejected(response, 400, "tools", "over the server's limit of 4096")
+
+
+def test_client_leaving_mid_body_is_not_an_internal_error(harness, http, caplog):
+    host, port = harness.base_url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.ERROR, logger="services.frontend.app"):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"mess")
+        # The server handles the closed socket on its own loop; a later request on a fresh
+        # connection is served after it (one event loop, first come first served).
+        time.sleep(0.5)
+        assert http.get("/v1/models").status_code == 200
+    assert "internal error" not in caplog.text
