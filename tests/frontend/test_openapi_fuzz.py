@@ -52,8 +52,6 @@ def test_no_generated_request_gets_a_server_error(harness, served_schema, mode):
                                                 response.text[:500])
 
         call()
-    print(f"{mode.value}: " + ", ".join(f"{label} {len(codes)} examples, statuses "
-                                        f"{sorted(set(codes))}" for label, codes in statuses.items()))
     assert set(statuses) == {"POST /v1/chat/completions", "POST /v1/completions",
                              "POST /tokenize", "POST /detokenize"}
     assert all(len(codes) >= 10 for codes in statuses.values()), \
