@@ -170,10 +170,15 @@ def run_check(argv: Sequence[str], out: Any = sys.stdout) -> int:
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     parser.add_argument("--max-tokens", type=cli_values.positive_int, default=256)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"the gateway's API key (default: ${cli_flags.API_KEY_ENV})")
     args = parser.parse_args(list(argv))
     import httpx
 
-    with httpx.Client(base_url=args.url, timeout=args.timeout, trust_env=False) as client:
+    api_key = args.api_key or os.environ.get(cli_flags.API_KEY_ENV)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=args.url, timeout=args.timeout, trust_env=False,
+                      headers=headers) as client:
         results = run_checks(client, args.model, args.max_tokens, out)
     return 0 if all(r.passed for r in results) else 1
 

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 from dataclasses import replace
-from typing import Optional, TextIO
+from typing import TextIO
 
 import httpx
 
@@ -59,7 +59,8 @@ def run_stack(cfg: StackConfig, out: TextIO = sys.stdout) -> int:
               cfg.frontend.ops.shutdown_grace_s)
     try:
         return run_supervised(child_specs(cfg), cfg.startup_timeout_s, cfg.log_dir,
-                              on_ready=lambda: announce_ready(cfg, out), env=child_env(os.environ),
+                              on_ready=lambda: announce_ready(cfg, out),
+                              env={**child_env(os.environ), **cli_argv.frontend_env(cfg.frontend)},
                               grace_s=max(graces) + STOP_MARGIN_S,
                               restart=RestartPolicy() if cfg.restart_on_failure else None,
                               on_children=lambda pids: write_ready_file(cfg, pids))

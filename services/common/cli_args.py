@@ -14,11 +14,12 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from services.common.cli_flags import (LOCAL_HOST, build_frontend_parser, build_scheduler_parser,
-                                       build_stack_parser, build_worker_parser)
+from services.common.cli_flags import (API_KEY_ENV, LOCAL_HOST, build_frontend_parser,
+                                       build_scheduler_parser, build_stack_parser, build_worker_parser)
 from services.common.cli_values import DSPARK_METHOD
-from services.common.config import (FrontendConfig, OpsConfig, SchedulerConfig, StackConfig,
-                                    TlsConfig, TopologyConfig, WorkerConfig)
+from services.common.config import (FrontendConfig, OpsConfig, RequestBounds, SchedulerConfig,
+                                    SchemaBounds, StackConfig, TlsConfig, TopologyConfig,
+                                    WorkerConfig)
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +159,18 @@ def frontend_config_from_args(args: argparse.Namespace, model_dir: Path, schedul
         model_dir=model_dir, served_model_name=args.served_model_name or model_dir.name,
         scheduler_address=scheduler_address, host=args.host, port=args.port,
         generate_defaults=args.generate_config, request_timeout_s=args.request_timeout_s,
-        ops=ops_from_args(args, serves_grpc=False),
+        ops=ops_from_args(args, serves_grpc=False), bounds=request_bounds_from_args(args),
+        api_key=args.api_key, auth_exempt_paths=args.auth_exempt_paths,
     )
+
+
+def request_bounds_from_args(args: argparse.Namespace) -> RequestBounds:
+    schema = SchemaBounds(
+        max_depth=args.max_schema_depth, max_nodes=args.max_schema_nodes,
+        max_properties=args.max_schema_properties, max_enum_values=args.max_enum_values,
+        max_length_keyword=args.max_schema_length, max_grammar_bytes=args.max_grammar_bytes)
+    return RequestBounds(max_request_body_bytes=args.max_request_body_bytes,
+                         max_json_depth=args.max_json_depth, max_tools=args.max_tools, schema=schema)
 
 
 def stack_config_from_args(args: argparse.Namespace, model_dir: Path) -> StackConfig:
@@ -202,7 +213,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
            default_model_dir: Optional[ModelDirResolver],
            build: Callable[[argparse.Namespace, Path], Any]) -> Any:
     args = parser.parse_args(list(argv))
-    for message in npu_only_warnings(args, os.environ if environ is None else environ):
+    environ = os.environ if environ is None else environ
+    if getattr(args, "api_key", "") is None:
+        args.api_key = environ.get(API_KEY_ENV) or None   # the flag wins over the environment
+    for message in npu_only_warnings(args, environ):
         logger.warning(message)
     for message in not_yet_implemented_warnings(args):
         logger.warning(message)
@@ -226,6 +240,8 @@ def check_flags(args: argparse.Namespace) -> None:
         logger.warning("--devices %s has no effect with --backend cpu", ",".join(map(str, args.devices)))
     if getattr(args, "startup_timeout", 1.0) <= 0:
         raise FlagError(f"--startup-timeout {args.startup_timeout} must be positive")
+    if getattr(args, "api_key", None) == "":
+        raise FlagError("--api-key must not be empty (leave it out to serve without a key)")
 
 
 def tiny_default_model_dir() -> Path:

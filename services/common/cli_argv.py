@@ -1,11 +1,14 @@
 """Config objects → flags: the launcher starts its children with these, so
-`parse_X_args(X_argv(cfg)) == cfg` (a test checks the round trip)."""
+`parse_X_args(X_argv(cfg), environ=X_env(cfg)) == cfg` (a test checks the round trip). The API key
+travels in the environment, never on a command line other local users can read."""
 from __future__ import annotations
 
 import json
 from typing import Optional
 
-from services.common.config import (FrontendConfig, GenerateDefaults, OpsConfig, SchedulerConfig,
+from services.common.cli_flags import API_KEY_ENV
+from services.common.config import (FrontendConfig, GenerateDefaults, OpsConfig, RequestBounds,
+                                    SchedulerConfig,
                                     SpeculativeConfig, WorkerConfig)
 
 
@@ -44,6 +47,7 @@ def scheduler_argv(cfg: SchedulerConfig) -> list[str]:
 def frontend_argv(cfg: FrontendConfig) -> list[str]:
     argv = ["--model", str(cfg.model_dir), "--served-model-name", cfg.served_model_name,
             "--scheduler", cfg.scheduler_address, "--generate-config", _generate_json(cfg.generate_defaults),
+            *_bound_flags(cfg.bounds), "--auth-exempt-paths", ",".join(cfg.auth_exempt_paths),
             "--host", cfg.host, "--port", str(cfg.port), *ops_argv(cfg.ops, grpc_server=False)]
     if cfg.request_timeout_s is not None:
         argv += ["--request-timeout-s", repr(cfg.request_timeout_s)]
@@ -59,6 +63,23 @@ def ops_argv(ops: OpsConfig, grpc_server: bool) -> list[str]:
     if grpc_server:
         argv.append("--grpc-reflection" if ops.grpc_reflection else "--no-grpc-reflection")
     return argv
+
+
+def frontend_env(cfg: FrontendConfig) -> dict[str, str]:
+    """The environment that carries the frontend's API key (empty without one)."""
+    return {API_KEY_ENV: cfg.api_key} if cfg.api_key is not None else {}
+
+
+def _bound_flags(bounds: RequestBounds) -> list[str]:
+    schema = bounds.schema
+    values = {"--max-request-body-bytes": bounds.max_request_body_bytes,
+              "--max-json-depth": bounds.max_json_depth, "--max-tools": bounds.max_tools,
+              "--max-schema-depth": schema.max_depth, "--max-schema-nodes": schema.max_nodes,
+              "--max-schema-properties": schema.max_properties,
+              "--max-enum-values": schema.max_enum_values,
+              "--max-schema-length": schema.max_length_keyword,
+              "--max-grammar-bytes": schema.max_grammar_bytes}
+    return [item for flag, value in values.items() for item in (flag, str(value))]
 
 
 def _length_flags(block_size: int, max_model_len: int, max_num_batched_tokens: int,

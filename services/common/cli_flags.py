@@ -10,14 +10,17 @@ from pathlib import Path
 
 from services.common.cli_values import (address, address_list, dtype_choice, device_list,
                                         generate_config, memory_size, non_negative_float,
-                                        non_negative_int, positive_float, positive_int, rank_set,
-                                        speculative_config)
-from services.common.config import GenerateDefaults
+                                        non_negative_int, path_list, positive_float, positive_int,
+                                        rank_set, speculative_config)
+from services.common.config import (DEFAULT_AUTH_EXEMPT_PATHS, GenerateDefaults, RequestBounds,
+                                    SchemaBounds)
 
 DEFAULT_FRONTEND_PORT = 8000
 DEFAULT_SCHEDULER_PORT = 50051
 DEFAULT_WORKER_PORT = 50061
 LOCAL_HOST = "127.0.0.1"
+# The gateway's API key when --api-key is not given (the flag wins).
+API_KEY_ENV = "DSV4SERVE_API_KEY"
 
 
 def _add_model(p: argparse.ArgumentParser, served_name: bool) -> None:
@@ -55,6 +58,41 @@ def _add_scheduling(p: argparse.ArgumentParser) -> None:
 def _add_generate_defaults(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generate-config", type=generate_config, default=GenerateDefaults(), metavar="JSON",
                    help='request defaults, JSON, e.g. \'{"max_new_tokens":2048,"temperature":0}\'')
+
+
+def _add_request_bounds(p: argparse.ArgumentParser) -> None:
+    bounds, schema = RequestBounds(), SchemaBounds()
+    group = p.add_argument_group("request bounds (each overflow is a 4xx naming the field and the limit)")
+    group.add_argument("--max-request-body-bytes", type=memory_size, default=bounds.max_request_body_bytes,
+                       metavar="SIZE", help="larger bodies get 413 while being read (default 16MiB)")
+    group.add_argument("--max-json-depth", type=positive_int, default=bounds.max_json_depth, metavar="N",
+                       help=f"JSON nesting of a body or of tool-call arguments (default {bounds.max_json_depth})")
+    group.add_argument("--max-tools", type=positive_int, default=bounds.max_tools, metavar="N",
+                       help=f"tools in one request (default {bounds.max_tools})")
+    group.add_argument("--max-schema-depth", type=positive_int, default=schema.max_depth, metavar="N",
+                       help=f"nesting of a constrained request's schemas (default {schema.max_depth})")
+    group.add_argument("--max-schema-nodes", type=positive_int, default=schema.max_nodes, metavar="N",
+                       help=f"sub-schemas over a constrained request's schemas (default {schema.max_nodes})")
+    group.add_argument("--max-schema-properties", type=positive_int, default=schema.max_properties,
+                       metavar="N", help=f"properties over a constrained request's schemas "
+                                         f"(default {schema.max_properties})")
+    group.add_argument("--max-enum-values", type=positive_int, default=schema.max_enum_values, metavar="N",
+                       help=f"enum entries over a constrained request's schemas (default {schema.max_enum_values})")
+    group.add_argument("--max-schema-length", type=positive_int, default=schema.max_length_keyword,
+                       metavar="N", help=f"largest minLength/maxLength/minItems/maxItems/minProperties/"
+                                         f"maxProperties value (default {schema.max_length_keyword})")
+    group.add_argument("--max-grammar-bytes", type=memory_size, default=schema.max_grammar_bytes,
+                       metavar="SIZE", help="size of one request's tool-call grammar (default 4MiB)")
+
+
+def _add_auth(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("authentication")
+    group.add_argument("--api-key", default=None, metavar="KEY",
+                       help=f"clients must send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, "
+                            "else no authentication)")
+    group.add_argument("--auth-exempt-paths", type=path_list, default=DEFAULT_AUTH_EXEMPT_PATHS,
+                       metavar="PATHS", help="paths served without the key, comma-separated "
+                                             f"(default {','.join(DEFAULT_AUTH_EXEMPT_PATHS)}; '' for none)")
 
 
 def _add_topology(p: argparse.ArgumentParser) -> None:
@@ -158,6 +196,8 @@ def build_frontend_parser(prog: str = "dsv4serve frontend") -> argparse.Argument
                    help=f"scheduler address host:port (default {LOCAL_HOST}:{DEFAULT_SCHEDULER_PORT})")
     _add_generate_defaults(p)
     _add_request_timeout(p)
+    _add_request_bounds(p)
+    _add_auth(p)
     _add_npu_only(p)
     _add_ops(p, grpc_server=False)
     _add_bind(p, LOCAL_HOST, DEFAULT_FRONTEND_PORT)
@@ -174,6 +214,8 @@ def build_stack_parser(prog: str = "dsv4serve stack") -> argparse.ArgumentParser
     _add_generate_defaults(p)
     _add_request_timeout(p)
     _add_worker_memory(p)
+    _add_request_bounds(p)
+    _add_auth(p)
     _add_npu_only(p)
     _add_ops(p, grpc_server=True)
     _add_bind(p, LOCAL_HOST, DEFAULT_FRONTEND_PORT)

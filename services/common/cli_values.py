@@ -90,6 +90,13 @@ def rank_set(text: str) -> tuple[int, ...]:
     if not ranks or min(ranks) < 0:
         raise argparse.ArgumentTypeError(f"must list non-negative ranks such as 0-7, got {text!r}")
     return tuple(sorted(ranks))
+def path_list(text: str) -> tuple[str, ...]:
+    """Comma-separated URL paths, each starting with '/'; '' is the empty list."""
+    paths = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [path for path in paths if not path.startswith("/")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"paths must start with '/': {bad[0]!r}")
+    return paths
 
 
 def address_list(text: str) -> tuple[str, ...]:

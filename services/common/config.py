@@ -139,6 +139,32 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class SchemaBounds:
+    """The most grammar one constrained request may ask for, over all its schemas together (tool
+    parameters and response_format). Each overflow is a 400 naming the field and the limit."""
+
+    max_depth: int = 32              # nesting of sub-schemas (a tool's parameters object is 1)
+    max_nodes: int = 8192            # sub-schemas
+    max_properties: int = 1024       # declared properties
+    max_enum_values: int = 4096      # entries of every `enum`
+    max_length_keyword: int = 32768  # value of minLength, maxLength, minItems, ... (compile cost)
+    max_grammar_bytes: int = 4 << 20  # the structural tag handed to the scheduler
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """The most work one HTTP request may cause before it is admitted (see README, Security)."""
+
+    max_request_body_bytes: int = 16 << 20   # larger bodies get 413 while they are being read
+    max_json_depth: int = 128                # nesting of the body (and of tool-call arguments)
+    max_tools: int = 128
+    schema: SchemaBounds = field(default_factory=SchemaBounds)
+
+
+DEFAULT_AUTH_EXEMPT_PATHS = ("/health", "/metrics")
+
+
+@dataclass(frozen=True)
 class FrontendConfig:
     model_dir: Path
     served_model_name: str
@@ -150,6 +176,11 @@ class FrontendConfig:
     # the request and the client gets 504 (or an SSE error event when the stream had started).
     request_timeout_s: Optional[float] = None
     ops: OpsConfig = field(default_factory=OpsConfig)
+    bounds: RequestBounds = field(default_factory=RequestBounds)
+    # Clients must send `Authorization: Bearer <api_key>`; None: no authentication. Never printed.
+    api_key: Optional[str] = field(default=None, repr=False)
+    # Paths served without the key (exact matches).
+    auth_exempt_paths: tuple[str, ...] = DEFAULT_AUTH_EXEMPT_PATHS
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from services.common.build_info import ABI_VERSION, build_id
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
 from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,

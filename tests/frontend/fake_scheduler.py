@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import grpc
 import uvicorn
@@ -229,7 +229,8 @@ class GatewayServer:
 class GatewayHarness:
     """Model dir + fake scheduler + the gateway app served by uvicorn: one per test module."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, **config: Any) -> None:
+        """`config`: FrontendConfig fields other than the model and scheduler (bounds, api_key…)."""
         from services.common.config import FrontendConfig
         from services.frontend.app import create_app
 
@@ -238,7 +239,7 @@ class GatewayHarness:
         self.fake = FakeScheduler(self.tokenizer)
         self.fake.start()
         self.config = FrontendConfig(model_dir=self.model_dir, served_model_name=SERVED_MODEL,
-                                     scheduler_address=self.fake.address)
+                                     scheduler_address=self.fake.address, **config)
         self.server = GatewayServer(create_app(self.config, tokenizer=self.tokenizer))
         self.server.start()
 

@@ -16,7 +16,6 @@ from services.worker.model.checkpoint import (
     expected_tensors,
     native_name,
 )
-from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
 from services.worker.model.dequant import (
     dequant_fp4_rows,
