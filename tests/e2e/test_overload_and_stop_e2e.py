@@ -22,7 +22,7 @@ from tests.e2e.helpers import describe_usage, health_status, is_idle, scheduler_
 pytestmark = pytest.mark.slow
 
 MAX_WAITING = 32
-GRACE_S = 4.0
+GRACE_S = 15.0  # the short streams must finish within it even on a loaded 2-core machine
 RESTART_TIMEOUT_S = 120.0
 
 
