@@ -45,6 +45,7 @@ from typing import Any, Optional
 
 from services.common.constraint_kind import ConstraintKind
 from services.frontend.errors import RequestError
+from services.frontend.schema_openness import with_explicit_openness
 
 DSML = "｜DSML｜"
 BLOCK_OPEN = f"\n\n<{DSML}tool_calls>\n"
@@ -235,7 +236,8 @@ def _plain_json_constraint(body: dict[str, Any]) -> Constraint:
     if response_format["type"] == "json_object":
         return Constraint(ConstraintKind.JSON_OBJECT, "")
     schema = response_format["json_schema"]["schema"]
-    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False))
+    return Constraint(ConstraintKind.JSON_SCHEMA,
+                      json.dumps(with_explicit_openness(schema), ensure_ascii=False))
 
 
 # ---- structural tag pieces -----------------------------------------------------------------------
@@ -258,7 +260,7 @@ def _one_of(elements: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _json_value(schema: Any) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": schema, "style": "json",
+    return {"type": "json_schema", "json_schema": with_explicit_openness(schema), "style": "json",
             "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
 
