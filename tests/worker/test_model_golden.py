@@ -11,6 +11,7 @@ after a (low-margin) divergence.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ import torch
 from services.worker.model.mtp import mtp_logits
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "data" / "dsv4_tiny_a_golden.json")
-                    .read_text())
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDEN = json.loads((DATA / "dsv4_tiny_a_golden.json").read_text())
 PROMPT_NAMES = [prompt["name"] for prompt in GOLDEN["prompts"]]
 TOLERANCE = GOLDEN["tolerance"]["max_abs_logit"]
 BLOCK_SIZE = 16
@@ -113,3 +114,11 @@ def test_mtp_logits_match_the_reference_at_its_top_tokens(index: int, outputs: d
     mtp = outputs[prompt["name"]]["mtp"]
     assert max_abs_error(mtp, prompt["mtp_top_ids"], prompt["mtp_top_values"]) <= TOLERANCE
     assert int(mtp.argmax()) == prompt["mtp_top_ids"][0]
+
+
+def test_committed_golden_is_what_its_script_derives_from_the_conformance_folder(
+        shared_dir: Path) -> None:
+    spec = importlib.util.spec_from_file_location("make_golden", DATA / "make_dsv4_tiny_a_golden.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.derive(shared_dir / "conformance" / "dsv4-tiny-a" / "golden.json") == GOLDEN
