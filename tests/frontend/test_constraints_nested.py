@@ -22,12 +22,13 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
 
 from services.frontend.constraints import ConstraintKind, build_constraint
 from services.frontend.schema_openness import with_explicit_openness
+from tests.frontend.test_constraints import _walk as walk
 
 DSML = "｜DSML｜"
 JSON_PARAM_BEGIN = re.compile(f'^<{DSML}parameter name="(.+)" string="false">$')
@@ -102,16 +103,6 @@ def resolve(parameters: dict, schema: dict) -> dict:
 def is_string_enum(schema: dict) -> bool:
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values)
-
-
-def walk(node: Any) -> Iterator[dict]:
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from walk(value)
 
 
 @pytest.mark.parametrize("parameters", [NESTED] + [
