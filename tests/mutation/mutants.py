@@ -117,7 +117,7 @@ def copy_tree(destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def test_env(copy: Path, shared: Optional[Path]) -> dict[str, str]:
+def scratch_env(copy: Path, shared: Optional[Path]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DSV4SERVE_SHARED", "PYTHONPATH")}
     env["PYTHONPATH"] = str(copy)     # the copy's services/, not the editable install's
     if shared is not None:
@@ -160,7 +160,7 @@ def check_mode(mutants: list[Mutant], shared: Optional[Path], label: str) -> dic
     with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
         copy = Path(scratch) / "repo"      # no shared/ beside it
         copy_tree(copy)
-        env = test_env(copy, shared)
+        env = scratch_env(copy, shared)
         where = subprocess.run([sys.executable, "-c", "import services; print(services.__file__)"],
                                cwd=copy, env=env, capture_output=True, text=True).stdout
         if not where.startswith(str(copy)):
