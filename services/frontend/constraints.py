@@ -30,6 +30,7 @@ from services.frontend import structural_tag as st
 from services.frontend.errors import ConstraintError
 from services.frontend.parameter_formats import ParameterFormats
 from services.frontend.schema_checker import SchemaBudget, SchemaChecker
+from services.frontend.schema_openness import with_explicit_openness
 from services.frontend.structural_tag import BLOCK_CLOSE, BLOCK_OPEN
 
 __all__ = ["BLOCK_CLOSE", "BLOCK_OPEN", "Constraint", "ConstraintError", "ConstraintKind",
@@ -167,7 +168,8 @@ def _plain_json_constraint(body: dict[str, Any]) -> Constraint:
     if response_format["type"] == "json_object":
         return Constraint(ConstraintKind.JSON_OBJECT, "")
     schema = response_format["json_schema"]["schema"]
-    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False))
+    return Constraint(ConstraintKind.JSON_SCHEMA,
+                      json.dumps(with_explicit_openness(schema), ensure_ascii=False))
 
 
 def _structural_tag(fmt: st.Format, bounds: SchemaBounds) -> Constraint:

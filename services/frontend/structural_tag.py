@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from services.frontend.schema_openness import with_explicit_openness
+
 Format = dict[str, Any]
 
 DSML = "｜DSML｜"
@@ -84,7 +86,8 @@ def optional(content: Format) -> Format:
 
 
 def json_value(schema: Any) -> Format:
-    return {"type": "json_schema", "json_schema": schema, "style": "json",
+    """A JSON value matching `schema`, whose implicit openness is spelled out (XGrammar is strict)."""
+    return {"type": "json_schema", "json_schema": with_explicit_openness(schema), "style": "json",
             "max_whitespace_cnt": JSON_MAX_WHITESPACE}
 
 
