@@ -48,7 +48,8 @@ class ComposeStack:
         self.label = f"label=io.podman.compose.project={project}"
 
     def compose(self, *args: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "podman_compose", "-p", self.project, "-f", str(self.compose_file), *args]
+        command = [sys.executable, "-m", "podman_compose", "-p", self.project,
+                   "-f", str(self.compose_file), *args]
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMPOSE_TIMEOUT_S,
                               env={**os.environ, **self.env}, cwd=self.compose_file.parent)
         if done.returncode != 0:
@@ -68,7 +69,8 @@ class ComposeStack:
         listed = json.loads(podman("ps", "-a", "--filter", self.label, "--format", "json").stdout or "[]")
         found = [Container(c["Names"][0], c["Labels"]["com.docker.compose.service"],
                            int(c["Labels"]["com.docker.compose.container-number"])) for c in listed]
-        return sorted((c for c in found if service in (None, c.service)), key=lambda c: (c.service, c.number))
+        chosen = (c for c in found if service in (None, c.service))
+        return sorted(chosen, key=lambda c: (c.service, c.number))
 
     def published(self, container: Container, port: int) -> str:
         """host:port where the container's `port` is published (0.0.0.0 reads as 127.0.0.1)."""

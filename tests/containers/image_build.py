@@ -26,7 +26,8 @@ from tests.containers.podman_host import is_root, podman
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
-CACHE_DIR = Path(os.environ.get("DSV4SERVE_CONTAINERS_CACHE", Path.home() / ".cache" / "dsv4serve-containers"))
+CACHE_DIR = Path(os.environ.get("DSV4SERVE_CONTAINERS_CACHE",
+                               Path.home() / ".cache" / "dsv4serve-containers"))
 DEBOOTSTRAP = ["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
                "bookworm"]
 IMAGE_REPOSITORY = "localhost/dsv4serve-test"
@@ -59,7 +60,8 @@ def _debootstrap_into(rootfs_tar: Path) -> None:
         rootfs = Path(scratch) / "rootfs"
         done = subprocess.run([*DEBOOTSTRAP, str(rootfs)], capture_output=True, text=True, timeout=1200)
         if done.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({done.returncode}): {done.stdout[-3000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(f"debootstrap failed ({done.returncode}): "
+                               f"{done.stdout[-3000:]}{done.stderr[-2000:]}")
         partial = rootfs_tar.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True, timeout=600)
         partial.rename(rootfs_tar)

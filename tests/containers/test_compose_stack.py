@@ -41,18 +41,20 @@ def test_every_frontend_replica_answers_on_its_own_published_port(running: Runni
         assert_answers(url)
 
 
-def grpcurl(running: RunningStack, *args: str) -> str:
-    done = subprocess.run([grpcurl_path(), "-plaintext", *args[:-1], running.scheduler_address, args[-1]],
+def grpcurl(address: str, verb: str, *flags: str) -> str:
+    """`grpcurl -plaintext FLAGS ADDRESS VERB` (VERB: `list` or a method); its stdout."""
+    done = subprocess.run([grpcurl_path(), "-plaintext", *flags, address, verb],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
-def test_grpcurl_lists_the_scheduler_and_reads_its_state_on_the_published_port(running: RunningStack) -> None:
-    listed = grpcurl(running, "list").split()
+def test_grpcurl_lists_the_scheduler_and_reads_its_state_on_the_published_port(
+        running: RunningStack) -> None:
+    listed = grpcurl(running.scheduler_address, "list").split()
     assert {"dsv4serve.v1.Scheduler", "grpc.health.v1.Health"} <= set(listed)
-    state = json.loads(grpcurl(running, "-d", '{"include_requests": true}',
-                               "dsv4serve.v1.Scheduler/GetSchedulerState"))
+    state = json.loads(grpcurl(running.scheduler_address, "dsv4serve.v1.Scheduler/GetSchedulerState",
+                               "-d", '{"include_requests": true}'))
     workers = state["workers"]
     assert len(workers) == len(running.roles["worker"]) and all(w["connected"] for w in workers)
     assert state["partitions"]
@@ -81,7 +83,8 @@ def test_dsv4serve_check_passes_against_a_replica(running: RunningStack) -> None
     url = list(running.frontend_urls.values())[1]
     done = subprocess.run([sys.executable, "-m", "services.cli", "check", "--url", url],
                           capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
-    assert done.returncode == 0, f"dsv4serve check --url {url} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, \
+        f"dsv4serve check --url {url} exited {done.returncode}:\n{done.stdout}{done.stderr}"
 
 
 def test_killing_one_frontend_replica_leaves_the_others_serving(running: RunningStack) -> None:
