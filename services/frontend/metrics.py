@@ -17,7 +17,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from services.frontend.scheduler_client import SchedulerSnapshot
+from services.frontend.scheduler_client import PartitionStats, SchedulerSnapshot
 
 # `_created` samples would double every counter and histogram without telling an operator anything.
 prometheus_client.disable_created_metrics()
@@ -129,6 +129,23 @@ class _SchedulerCollector:
             return
         for name, family, help_text, value in _scheduler_samples(self._snapshot):
             yield self._family(family, name, help_text, value)
+        yield from self._partition_families(self._snapshot.partitions)
+
+    def _partition_families(self, partitions: tuple[PartitionStats, ...]) -> Iterator[Metric]:
+        """Per cache partition (DP group): running and waiting requests, cache usage."""
+        for name, help_text, value_of in (
+                ("dsv4serve:partition_requests_running", "Running requests of one partition.",
+                 lambda p: p.running),
+                ("dsv4serve:partition_requests_waiting", "Requests waiting in one partition.",
+                 lambda p: p.waiting),
+                ("dsv4serve:partition_kv_cache_usage_perc",
+                 "Fraction of one partition's KV-cache blocks in use.",
+                 lambda p: p.used_blocks / p.total_blocks if p.total_blocks else 0.0)):
+            metric = GaugeMetricFamily(name, help_text, labels=_MODEL + ["partition"])
+            for partition in partitions:
+                metric.add_metric([self._model_name, str(partition.partition_id)],
+                                  value_of(partition))
+            yield metric
 
     def _family(self, family: type, name: str, help_text: str, value: float) -> Metric:
         metric = family(name, help_text, labels=_MODEL)

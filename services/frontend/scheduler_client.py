@@ -97,6 +97,15 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class PartitionStats:
+    partition_id: int
+    running: int
+    waiting: int
+    total_blocks: int
+    used_blocks: int
+
+
+@dataclass(frozen=True)
 class SchedulerSnapshot:
     """The counters of `GetSchedulerState` that /metrics exports."""
 
@@ -113,6 +122,7 @@ class SchedulerSnapshot:
     grammar_cache_entries: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    partitions: tuple[PartitionStats, ...] = ()
 
 
 _HTTP_STATUS_BY_CODE = {
@@ -318,7 +328,11 @@ class SchedulerClient:
             stall_rejections_total=r.stall_rejections_total,
             grammar_cache_entries=r.grammar_cache_entries,
             prompt_tokens_total=r.prompt_tokens_total,
-            generation_tokens_total=r.generation_tokens_total)
+            generation_tokens_total=r.generation_tokens_total,
+            partitions=tuple(PartitionStats(
+                p.partition_id, p.running_requests, p.waiting_requests,
+                sum(g.total_blocks for g in p.groups), sum(g.used_blocks for g in p.groups))
+                for p in r.partitions))
 
     @staticmethod
     async def _unary(method, request, timeout_s: float):

@@ -87,6 +87,7 @@ def state_to_proto(snapshot: SchedulerSnapshot,
         num_constrained_running=snapshot.num_constrained_running,
         partitions=[pb.PartitionUsage(
             partition_id=p.partition_id, running_requests=p.running_requests,
+            waiting_requests=p.waiting_requests,
             groups=[pb.BlockGroupUsage(group=g.group, total_blocks=g.total_blocks,
                                        free_blocks=g.free_blocks, used_blocks=g.used_blocks)
                     for g in p.groups]) for p in snapshot.partitions],

@@ -25,6 +25,7 @@ class PartitionSnapshot:
     partition_id: int
     groups: list[GroupUsage]
     running_requests: int
+    waiting_requests: int
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,9 @@ class SchedulerSnapshot:
         running = scheduler.running if scheduler else []
         partitions = []
         if scheduler is not None:
-            partitions = [PartitionSnapshot(pid, scheduler.kv.usage(pid),
-                                            sum(1 for r in running if r.partition_id == pid))
-                          for pid in scheduler.kv.partition_ids]
+            partitions = [PartitionSnapshot(pid, scheduler.kv.usage(pid), len(queues.running),
+                                            len(queues.waiting))
+                          for pid, queues in scheduler.partitions.items()]
         return SchedulerSnapshot(
             num_waiting=len(scheduler.waiting) if scheduler else 0,
             num_running=len(running),

@@ -199,14 +199,16 @@ class BlockGroupUsage(_message.Message):
     def __init__(self, group: _Optional[str] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ...) -> None: ...
 
 class PartitionUsage(_message.Message):
-    __slots__ = ("partition_id", "groups", "running_requests")
+    __slots__ = ("partition_id", "groups", "running_requests", "waiting_requests")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     partition_id: int
     groups: _containers.RepeatedCompositeFieldContainer[BlockGroupUsage]
     running_requests: int
-    def __init__(self, partition_id: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BlockGroupUsage, _Mapping]]] = ..., running_requests: _Optional[int] = ...) -> None: ...
+    waiting_requests: int
+    def __init__(self, partition_id: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BlockGroupUsage, _Mapping]]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...
 
 class RequestSummary(_message.Message):
     __slots__ = ("request_id", "phase", "partition_id", "prompt_tokens", "computed_tokens", "output_tokens", "constrained")
