@@ -226,7 +226,28 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
         parser.error(str(exc))
     # Resolved only after every flag checked out: generating the default model takes a while.
     model_dir = args.model or (default_model_dir or tiny_default_model_dir)()
+    try:
+        check_topology_fits_model(args, model_dir)
+    except FlagError as exc:
+        parser.error(str(exc))
     return build(args, model_dir)
+
+
+def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None:
+    """--tp and --ep must divide what they split in the model (a FlagError names both)."""
+    if not hasattr(args, "tp"):
+        return
+    from services.worker.model.config import ConfigError, ModelConfig
+    from services.worker.model.parallel import TopologyError, check_topology
+
+    try:
+        model = ModelConfig.from_json_file(Path(model_dir) / "config.json")
+    except (OSError, ConfigError):
+        return  # the worker reports an unreadable model with its own, precise error
+    try:
+        check_topology(model, args.dp, args.tp, args.ep)
+    except TopologyError as error:
+        raise FlagError(f"{error} (model {model_dir})") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:

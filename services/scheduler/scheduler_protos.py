@@ -6,7 +6,7 @@ from services.scheduler.errors import ErrorKind, SchedulerError
 from services.scheduler.requests import (AdmittedEvent, ConstraintSpec, FinishedEvent, FinishReason,
                                          GenerateParams, RequestEvent, RequestPhase, TokensEvent)
 from services.scheduler.state_view import RequestSnapshot, RequestSummary, SchedulerSnapshot
-from services.scheduler.worker_client import WorkerStatusView
+from services.scheduler.worker_connection import WorkerStatusView
 
 _CONSTRAINT_KINDS = {
     pb.CONSTRAINT_TYPE_STRUCTURAL_TAG: "structural_tag",

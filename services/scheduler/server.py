@@ -25,7 +25,8 @@ from services.scheduler.scheduler_protos import (event_to_proto, params_from_pro
                                                  worker_status_to_proto)
 from services.scheduler.step_loop import StepLoop
 from services.scheduler.worker_description import WorkerDescription
-from services.scheduler.worker_client import WorkerSet, WorkerTimeouts
+from services.scheduler.worker_client import WorkerSet
+from services.scheduler.worker_connection import WorkerTimeouts
 
 log = logging.getLogger(__name__)
 

@@ -109,6 +109,8 @@ class RankGroup:
         # Spawning and stopping exclude each other, so a stop during start leaves no rank behind.
         self._spawn_lock = threading.Lock()
         self._commands = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rank-commands")
+        self._running_commands = 0
+        self._count_lock = threading.Lock()
 
     @property
     def pids(self) -> list[int]:
@@ -135,6 +137,11 @@ class RankGroup:
         ranks = list(self._ranks)
         return await asyncio.to_thread(self._wait_for_exit_blocking, ranks)
 
+    async def kill(self) -> None:
+        """SIGKILL every rank now (a command blocked on them fails); the next `join` respawns
+        them. For ranks stuck in a world that is being replaced."""
+        await asyncio.to_thread(self._kill_blocking)
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Asks every rank to shut down, then terminates / kills what is left. Idempotent."""
         self._stopping = True
@@ -143,9 +150,23 @@ class RankGroup:
         self._commands.shutdown(wait=False, cancel_futures=True)
         self._store = None
 
+    @property
+    def busy(self) -> bool:
+        """A command is running on the ranks (it may outlive the caller that gave up on it)."""
+        return self._running_commands > 0
+
     async def _in_command_thread(self, function: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._commands, function, *args)
+        return await loop.run_in_executor(self._commands, self._counted, function, *args)
+
+    def _counted(self, function: Any, *args: Any) -> Any:
+        with self._count_lock:
+            self._running_commands += 1
+        try:
+            return function(*args)
+        finally:
+            with self._count_lock:
+                self._running_commands -= 1
 
     # ---- command thread -------------------------------------------------------------------------
     def _start_blocking(self) -> None:
@@ -259,6 +280,14 @@ class RankGroup:
                 return (f"rank {rank.spec.rank} (pid {rank.process.pid}) exited with code "
                         f"{rank.process.exitcode}")
         return "a rank closed its pipe"
+
+    def _kill_blocking(self) -> None:
+        with self._spawn_lock:
+            ranks = list(self._ranks)
+        for rank in ranks:
+            rank.process.kill()
+        for rank in ranks:
+            rank.process.join()
 
     def _stop_blocking(self, timeout_s: float) -> None:
         with self._spawn_lock:

@@ -83,6 +83,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if self._ranks.forms_world_alone:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this worker drives the whole world and forms it alone")
+        if self._ranks.busy:
+            # A step of the old world is still running (its Step stream may be gone already): it
+            # may wait forever in a collective with a lost peer, and its world is being replaced
+            # anyway. Its ranks go; the join below starts new ones.
+            _LOG.warning("JoinWorld %d during a step of the old world: replacing this worker's "
+                         "ranks", request.round)
+            await self._ranks.kill()
         async with self._step_lock:  # no step may run while the world changes
             self._stream_generation += 1  # the Step streams of the old world are over
             try:

@@ -74,7 +74,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME = "services-e2e"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -87,7 +87,7 @@ class Services:
     def __init__(self, model_dir: Path, log_dir: Path) -> None:
         self.model_dir = model_dir
         self.log_dir = log_dir
-        self.worker_port, self.scheduler_port, self.frontend_port = (_free_port() for _ in range(3))
+        self.worker_port, self.scheduler_port, self.frontend_port = (free_port() for _ in range(3))
         self.processes: dict[str, subprocess.Popen] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
         self.base_url = f"http://127.0.0.1:{self.frontend_port}"

@@ -33,7 +33,9 @@ def next_token(tokens: list[int]) -> int:
 
 @dataclass
 class FakeWorkerSpec:
+    # One rank per partition (tp 1): the worker drives ranks == its partitions of a dp-rank world.
     partition_ids: tuple[int, ...] = (0,)
+    dp: Optional[int] = None  # None: len(partition_ids), the worker drives the whole world
     block_size: int = 4
     num_blocks: int = 256
     num_window_blocks: int = 64
@@ -63,18 +65,29 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.hang = asyncio.Event()  # set: stop answering steps (a hung worker)
         self.live: dict[int, _Sequence] = {}
         self.ended: set[int] = set()  # sequences of this worker already finished
+        self.dp = spec.dp or len(spec.partition_ids)
+        # A worker driving part of the world waits for JoinWorld, as the real one does.
+        self.world_round = 1 if self.dp == len(spec.partition_ids) else 0
+        self.joined_rounds: list[int] = []
 
     async def Describe(self, request, context):
         s = self.spec
         return worker_pb2.DescribeResponse(
             abi_version=s.abi_version, build_id="fake-build", model_fingerprint=s.fingerprint,
-            topology=worker_pb2.Topology(world_size=1, dp=1, tp=1, ep=1, backend="cpu"),
+            topology=worker_pb2.Topology(world_size=self.dp, dp=self.dp, tp=1, ep=1,
+                                         host_ranks=list(s.partition_ids), backend="cpu"),
+            world_round=self.world_round,
             block_size=s.block_size, vocab_size=VOCAB_SIZE, eos_token_id=EOS_TOKEN_ID,
             partition_ids=list(s.partition_ids),
             block_groups=[worker_pb2.BlockGroup(name="window", num_blocks=s.num_window_blocks,
                                                 sliding_window=s.sliding_window),
                           worker_pb2.BlockGroup(name="compressed", num_blocks=s.num_blocks)],
             max_num_batched_tokens=s.max_num_batched_tokens, compute_dtype="float32")
+
+    async def JoinWorld(self, request, context):
+        self.world_round = request.round
+        self.joined_rounds.append(request.round)
+        return worker_pb2.JoinWorldResponse(round=request.round)
 
     async def Step(self, request_iterator, context):
         self.live.clear()  # every new stream starts with no sequences

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.build_info import ABI_VERSION
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc as pb_grpc
-from services.scheduler.worker_client import WorkerTimeouts
+from services.scheduler.worker_connection import WorkerTimeouts
 from tests.scheduler.fake_worker import EOS_TOKEN_ID, FakeWorkerSpec, start_fake_worker
 from tests.scheduler.grpc_harness import make_request, read_rest, running_stack, wait_for
 from tests.scheduler.policy_helpers import reference_output
@@ -82,7 +82,7 @@ def test_two_workers_each_get_only_their_partitions_rows():
     prompts = [[i + 2, i + 3, i + 4] for i in range(8)]
 
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)), FakeWorkerSpec(partition_ids=(1,)))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2), FakeWorkerSpec(partition_ids=(1,), dp=2))
         async with running_stack(specs) as stack:
             outputs = await asyncio.gather(*(stack.generate(f"r{i}", p, 10)
                                              for i, p in enumerate(prompts)))
@@ -224,8 +224,8 @@ def test_worker_that_is_not_serving_yet_keeps_the_scheduler_not_ready():
 
 def test_fingerprint_mismatch_with_the_first_worker_is_refused():
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)),
-                 FakeWorkerSpec(partition_ids=(1,), fingerprint="sha256:other-model"))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2),
+                 FakeWorkerSpec(partition_ids=(1,), dp=2, fingerprint="sha256:other-model"))
         async with running_stack(specs, wait_ready=False) as stack:
             ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
                                    lambda r: "fingerprint" in r.reason)
@@ -235,8 +235,8 @@ def test_fingerprint_mismatch_with_the_first_worker_is_refused():
 
 def test_workers_with_different_block_capacity_are_refused():
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)),
-                 FakeWorkerSpec(partition_ids=(1,), num_blocks=99))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2),
+                 FakeWorkerSpec(partition_ids=(1,), dp=2, num_blocks=99))
         async with running_stack(specs, wait_ready=False) as stack:
             ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
                                    lambda r: "block groups" in r.reason)

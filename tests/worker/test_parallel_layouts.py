@@ -83,3 +83,16 @@ def test_conformance_checkpoint_passes_the_reference_checker_when_split(
 
 def _b64(logits: torch.Tensor) -> str:
     return base64.b64encode(logits.float().numpy().astype("<f4").tobytes()).decode()
+
+
+@pytest.mark.slow  # spawns 4 rank processes
+def test_idle_partitions_write_nothing_and_busy_ones_read_nothing_unwritten(
+        ep16_model_dir: Path, workload: Workload, one_rank: LayoutRun) -> None:
+    """The seed's review bug: an inactive group mirrored another group's data into live pages.
+    Two prompts on four partitions: partitions 2 and 3 have no rows in any step, yet join every
+    expert exchange; their caches stay all NaN, and the busy partitions' outputs stay exact."""
+    two = Workload(workload.prompts[:2], num_new_tokens=8, poison_caches=True)
+    run = run_layout(ep16_model_dir, 4, 1, 4, two)
+    assert run.untouched_partitions == {2, 3}
+    for index in range(2):
+        assert run.outputs[index].tokens == one_rank.outputs[index].tokens[:8]

@@ -40,6 +40,10 @@ class PagedKvCache:
                 self.index_keys[layer_id] = torch.zeros(num_blocks, rows, index_head_dim,
                                                         dtype=dtype, device=device)
 
+    def storage(self) -> list[torch.Tensor]:
+        """Every tensor this cache owns (tests poison them with NaN to prove what is read)."""
+        return [*self.window.values(), *self.entries.values(), *self.index_keys.values()]
+
     # ---- window group ------------------------------------------------------------------------
     def window_slots(self, window_block_table: torch.Tensor, positions: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,9 @@ class Workload:
     num_new_tokens: int
     chunk_size: int = 128
     block_size: int = 32
+    # Fill every cache with NaN first: outputs then prove that nothing unwritten is read, and
+    # `LayoutRun.untouched_partitions` which partitions' caches nothing was written to.
+    poison_caches: bool = False
 
 
 @dataclass
@@ -49,6 +52,7 @@ class LayoutRun:
     decode_s: float                   # wall time of the decode steps (slowest partition leader)
     collective_s: float               # of that, inside collectives (max over the leaders)
     decode_tokens: int                # tokens decoded over all partitions
+    untouched_partitions: frozenset[int] = frozenset()  # caches still all NaN (poison_caches)
 
 
 def run_layout(model_dir: Path, dp: int, tp: int, ep: int, workload: Workload,
@@ -80,7 +84,8 @@ def run_layout(model_dir: Path, dp: int, tp: int, ep: int, workload: Workload,
                for report in reports for index, (tokens, logits) in report["outputs"].items()}
     return LayoutRun(outputs, max(r["decode_s"] for r in reports),
                      max(r["collective_s"] for r in reports),
-                     len(workload.prompts) * (workload.num_new_tokens - 1))
+                     len(workload.prompts) * (workload.num_new_tokens - 1),
+                     frozenset(r["partition"] for r in reports if r["untouched"]))
 
 
 def _receive(conn: Connection, processes: list) -> Any:
@@ -117,6 +122,9 @@ def _serve_partition(layout: ParallelLayout, store_port: int, model_dir: Path,
         model_dir=model_dir, dtype=dtype, device="cpu", block_size=workload.block_size,
         num_blocks=max(1, len(mine)) * blocks_per_seq,
         num_window_blocks=max(1, len(mine)) * blocks_per_seq), layout, collectives)
+    if workload.poison_caches:
+        for tensor in runtime.cache.storage():
+            tensor.fill_(float("nan"))
     schedule = _Schedule(workload, mine, blocks_per_seq)
     decode_started, collective_before = 0.0, 0
     for step in range(_steps_needed(workload)):
@@ -131,7 +139,10 @@ def _serve_partition(layout: ParallelLayout, store_port: int, model_dir: Path,
     # numpy, not tensors: torch would pass tensors through shared memory that dies with this process.
     outputs = {i: (out.tokens, [row.numpy() for row in out.logits])
                for i, out in schedule.outputs.items()}
-    return {"outputs": outputs, "decode_s": time.perf_counter() - decode_started,
+    untouched = workload.poison_caches and all(bool(t.isnan().all())
+                                               for t in runtime.cache.storage())
+    return {"outputs": outputs, "partition": layout.partition_id, "untouched": untouched,
+            "decode_s": time.perf_counter() - decode_started,
             "collective_s": (collectives.elapsed_ns - collective_before) / 1e9}
 
 
