@@ -1,8 +1,9 @@
 """Scheduler bookkeeping cost per step, and descriptor size per decode row.
 
-    python bench/bench_scheduler.py [--running 64 256] [--steps 200]
+    python bench/bench_scheduler.py [--running 64 256] [--steps 200] [--partitions 1 4]
 
-Drives `Scheduler.schedule()` / `commit()` directly (no gRPC, no model) with N requests in decode,
+Drives `Scheduler.schedule()` / `commit()` directly (no gRPC, no model) with N requests in decode
+spread over P cache partitions (DP groups; N/P running in each),
 timing the planning and the commit of one step separately, and measures the serialized
 `StepRequest` bytes of a decode step (proto conversion included in its own figure).
 """
@@ -28,13 +29,15 @@ BLOCK_SIZE = 32
 PROMPT_LEN = 512
 
 
-def make_scheduler(num_running: int) -> Scheduler:
-    groups = (BlockGroupSpec("window", num_running * (PROMPT_LEN // BLOCK_SIZE + 1), 128),
-              BlockGroupSpec("compressed", num_running * 64, 0))
-    limits = SchedulingLimits(max_model_len=16384, max_num_seqs=num_running,
+def make_scheduler(num_running: int, num_partitions: int) -> Scheduler:
+    per_partition = num_running // num_partitions
+    groups = (BlockGroupSpec("window", per_partition * (PROMPT_LEN // BLOCK_SIZE + 1), 128),
+              BlockGroupSpec("compressed", per_partition * 64, 0))
+    limits = SchedulingLimits(max_model_len=16384, max_num_seqs=per_partition,
                               max_num_batched_tokens=1 << 20, long_prefill_token_threshold=0,
                               stall_timeout_s=5.0, eos_token_id=EOS)
-    return Scheduler(limits, KvCacheManager(BLOCK_SIZE, {0: groups}))
+    return Scheduler(limits, KvCacheManager(BLOCK_SIZE, {pid: groups
+                                                         for pid in range(num_partitions)}))
 
 
 def answer(plan: StepPlan, step: int) -> StepResult:
@@ -44,8 +47,8 @@ def answer(plan: StepPlan, step: int) -> StepResult:
                        for row in plan.rows if row.sample])
 
 
-def bench(num_running: int, steps: int) -> dict[str, float]:
-    scheduler = make_scheduler(num_running)
+def bench(num_running: int, steps: int, num_partitions: int) -> dict[str, float]:
+    scheduler = make_scheduler(num_running, num_partitions)
     for i in range(num_running):
         prompt = [2 + (i + j) % 1000 for j in range(PROMPT_LEN)]
         scheduler.add(Request(request_id=f"r{i}", prompt_token_ids=prompt,
@@ -82,16 +85,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--running", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     args = parser.parse_args()
     print(f"decode steps: {args.steps}, prompt {PROMPT_LEN} tokens, block size {BLOCK_SIZE}, "
           f"window 128 (medians per step)")
-    for num_running in args.running:
-        f = bench(num_running, args.steps)
-        print(f"running={num_running:4d}  schedule {f['schedule_ms']:.3f} ms  commit "
-              f"{f['commit_ms']:.3f} ms  to-proto+serialize {f['to_proto_ms']:.3f} ms  "
-              f"per request {1e3 * (f['schedule_ms'] + f['commit_ms']) / num_running:.1f} µs  "
-              f"decode row {f['bytes_per_row']:.1f} B  NewSequence+prefill row "
-              f"{f['new_sequence_bytes']:.0f} B")
+    for num_partitions in args.partitions:
+        for num_running in args.running:
+            report(num_running, num_partitions, bench(num_running, args.steps, num_partitions))
+
+
+def report(num_running: int, num_partitions: int, f: dict[str, float]) -> None:
+    print(f"partitions={num_partitions} running={num_running:4d}  schedule {f['schedule_ms']:.3f} ms"
+          f"  commit {f['commit_ms']:.3f} ms  to-proto+serialize {f['to_proto_ms']:.3f} ms  "
+          f"per request {1e3 * (f['schedule_ms'] + f['commit_ms']) / num_running:.1f} µs  "
+          f"decode row {f['bytes_per_row']:.1f} B  NewSequence+prefill row "
+          f"{f['new_sequence_bytes']:.0f} B")
 
 
 if __name__ == "__main__":

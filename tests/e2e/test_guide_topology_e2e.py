@@ -4,7 +4,6 @@ with the tiny-ep16 preset; an ordinary and a constrained `tool_choice: "required
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterator
 
 import httpx
