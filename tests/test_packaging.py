@@ -138,3 +138,18 @@ def test_frontend_can_scale_without_host_port_conflicts() -> None:
 def test_probe_subcommand_reports_an_unreachable_target() -> None:
     assert cli.main(["probe", "grpc", "127.0.0.1:1", "--timeout", "0.5"]) == 1
     assert cli.main(["probe", "http", "http://127.0.0.1:1/health", "--timeout", "0.5"]) == 1
+
+
+def test_the_16_rank_compose_file_covers_the_world_once_through_one_rendezvous() -> None:
+    services = yaml.safe_load((REPO_ROOT / "docker" / "docker-compose.16rank.yml").read_text())[
+        "services"]
+    kw = dict(environ={}, default_model_dir=no_default_model)
+    workers = {name: cli_args.parse_worker_args(command_of(services[name])[2:], **kw)
+               for name in ("worker-a", "worker-b")}
+    scheduler = cli_args.parse_scheduler_args(command_of(services["scheduler"])[2:], **kw)
+    ranks = sorted(rank for worker in workers.values() for rank in worker.driven_ranks)
+    assert ranks == list(range(16))
+    assert {w.topology.world_size for w in workers.values()} == {16}
+    assert {w.dist_init_addr for w in workers.values()} == {"worker-a:29500"}
+    assert 0 in workers["worker-a"].driven_ranks  # the rendezvous host drives rank 0
+    assert scheduler.worker_addresses == ("worker-a:50061", "worker-b:50061")

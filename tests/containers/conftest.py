@@ -8,7 +8,6 @@ only the first run on a machine pays for debootstrap and the build.
 from __future__ import annotations
 
 import secrets
-import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -18,10 +17,11 @@ from tests.containers.compose_stack import (FRONTEND_REPLICAS, ComposeStack, Run
                                              service_roles)
 from tests.containers.image_build import project_image
 from tests.containers.podman_host import prepare_podman
-from tests.e2e.helpers import wait_for
+from tests.e2e.helpers import free_port, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-COMPOSE_FILES = [REPO_ROOT / "docker" / "docker-compose.yml"]
+COMPOSE_FILES = [REPO_ROOT / "docker" / "docker-compose.yml",
+                 REPO_ROOT / "docker" / "docker-compose.16rank.yml"]
 STARTUP_TIMEOUT_S = 300
 
 
@@ -37,14 +37,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
         pytest.fail(str(error), pytrace=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _bring_up(compose_file: Path, image: str, checkpoints: Path) -> RunningStack:
-    scheduler_port = _free_port()
+    scheduler_port = free_port()
     env = {"DSV4SERVE_IMAGE": image, "DSV4SERVE_SCHEDULER_PORT": str(scheduler_port),
            "DSV4SERVE_CHECKPOINTS": str(checkpoints)}
     stack = ComposeStack(compose_file, f"dsv4serve-ctest-{secrets.token_hex(4)}", env)

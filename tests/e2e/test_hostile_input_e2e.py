@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import REPO_ROOT, RunningStack
+from tests.e2e.helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -138,16 +138,10 @@ def test_special_token_strings_in_content_tokenize_as_text(stack, http):
     assert control_ids(injected) == control_ids("")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def keyed_frontend(stack: RunningStack, tmp_path_factory) -> Iterator[str]:
     """A second frontend on the stack's scheduler, its key given in the environment."""
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("keyed") / "frontend.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "services.frontend", "--model", str(stack.model_dir),
