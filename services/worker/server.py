@@ -47,8 +47,7 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
                       for group in facts.block_groups],
         cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
                                                rows_per_block=family.rows_per_block,
-                                               bytes_per_block=family.bytes_per_block,
-                                               bytes_per_sequence=family.bytes_per_sequence)
+                                               bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
         max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from services.worker.model.collectives import TorchCollectives
+from services.worker.model.kv_cache import PagedKvCache
 from services.worker.model.parallel import ParallelLayout
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
 
@@ -115,9 +116,8 @@ def _serve_partition(layout: ParallelLayout, store_port: int, model_dir: Path,
     blocks_per_seq = math.ceil(longest / workload.block_size)
     runtime = ModelRuntime(RuntimeConfig(
         model_dir=model_dir, dtype=dtype, device="cpu", block_size=workload.block_size,
-        num_blocks=max(1, len(mine)) * blocks_per_seq,
-        num_window_blocks=max(1, len(mine)) * blocks_per_seq), layout, collectives)
-    schedule = _Schedule(workload, mine, blocks_per_seq)
+        num_blocks=max(1, len(mine)) * blocks_per_seq), layout, collectives)
+    schedule = _Schedule(workload, mine, blocks_per_seq, runtime.cache)
     decode_started, collective_before = 0.0, 0
     for step in range(_steps_needed(workload)):
         if step == _prefill_steps(workload):
@@ -146,11 +146,13 @@ def _steps_needed(workload: Workload) -> int:
 class _Schedule:
     """One partition's sequences: chunked prefill side by side, then one decode token each."""
 
-    def __init__(self, workload: Workload, prompt_ids: list[int], blocks_per_seq: int) -> None:
+    def __init__(self, workload: Workload, prompt_ids: list[int], blocks_per_seq: int,
+                 cache: PagedKvCache) -> None:
         self.workload = workload
         self.tokens = {i: list(workload.prompts[i]) for i in prompt_ids}
         self.computed = {i: 0 for i in prompt_ids}
-        self.blocks = {i: list(range(k * blocks_per_seq, (k + 1) * blocks_per_seq))
+        self.blocks = {i: cache.same_table_for_every_group(
+                           list(range(k * blocks_per_seq, (k + 1) * blocks_per_seq)))
                        for k, i in enumerate(prompt_ids)}
         self.outputs = {i: PromptOutput([], []) for i in prompt_ids}
 
@@ -162,8 +164,7 @@ class _Schedule:
                 continue
             end = min(len(tokens), start + self.workload.chunk_size)
             chunks.append(SequenceChunk(seq_id=i, start_pos=start, token_ids=tokens[start:end],
-                                        block_table=self.blocks[i],
-                                        window_block_table=self.blocks[i],
+                                        block_tables=self.blocks[i],
                                         sample=end == len(tokens)))
         return chunks
 
