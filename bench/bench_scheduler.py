@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.scheduler.kv_cache import BlockGroupSpec, KvCacheManager  # noqa: E402
 from services.scheduler.requests import Request  # noqa: E402
-from services.scheduler.scheduler import Scheduler, SchedulingLimits  # noqa: E402
+from services.scheduler.limits import SchedulingLimits  # noqa: E402
+from services.scheduler.scheduler import Scheduler  # noqa: E402
 from services.common.step_descriptors import RowResult, StepPlan, StepResult  # noqa: E402
 from services.common.step_protos import plan_to_proto  # noqa: E402
 

@@ -40,6 +40,21 @@ def pick_victim(queues: PartitionQueues, request: Request, scheduled: set[int],
     return None
 
 
+def stalled_victim(queues: PartitionQueues, blocked: list[Request], progressed: bool, now: float,
+                   stall_timeout_s: float) -> Optional[Request]:
+    """Track how long nothing in the partition could progress; after `stall_timeout_s`, the
+    youngest blocked request, to be rejected (the stall clock restarts)."""
+    if not blocked or progressed:
+        queues.stalled_since = None
+        return None
+    if queues.stalled_since is None:
+        queues.stalled_since = now
+    if now - queues.stalled_since < stall_timeout_s:
+        return None
+    queues.stalled_since = None
+    return max(blocked, key=lambda r: r.arrival)
+
+
 def rebuild_matcher(request: Request) -> Optional[str]:
     """Give a resumed constrained request a fresh matcher that has accepted its committed output
     tokens; the error when the grammar refuses one (a bug: the same tokens were accepted once)."""

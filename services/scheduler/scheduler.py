@@ -18,44 +18,21 @@ Synchronous and single-owner: only the step loop calls it. The clock is injectab
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from services.common.step_descriptors import (GroupBlocks, NewSequence, ScheduledRow, StepPlan,
-                                              StepResult, TokenMask)
+from services.common.step_descriptors import StepPlan, StepResult, TokenMask
 from services.scheduler.errors import ErrorKind
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
-from services.scheduler.memory_pressure import ConstrainedPreemption, pick_victim, rebuild_matcher
+from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
 from services.scheduler.partitions import PartitionQueues, choose_partition
 from services.scheduler.prefix_cache import PrefixCache, PrefixCachePolicy
 from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReason, Request,
                                          RequestPhase)
+from services.scheduler.step_rows import grammar_mask, new_sequence, scheduled_row
 from services.scheduler.token_commit import commit_sampled_token
 
 _FAILED = object()  # sentinel of _mask_or_fail: the request was failed
-
-
-@dataclass(frozen=True)
-class SchedulingLimits:
-    max_model_len: int
-    max_num_seqs: int            # per partition
-    max_num_batched_tokens: int  # per partition
-    long_prefill_token_threshold: int
-    stall_timeout_s: float
-    eos_token_id: int
-    constrained_preemption: ConstrainedPreemption = ConstrainedPreemption.WAIT
-
-
-@dataclass
-class SchedulerCounters:
-    steps_total: int = 0
-    preemptions_total: int = 0
-    constrained_preemptions_total: int = 0  # matcher given up, replayed on resume
-    stall_rejections_total: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    prefix_cache_queries_total: int = 0  # tokens looked up when requests started
-    prefix_cache_hits_total: int = 0     # tokens of those served from the cache
 
 
 class Scheduler:
@@ -154,7 +131,7 @@ class Scheduler:
             mask = self._mask_or_fail(request, request.num_computed_tokens + num_new)
             if mask is _FAILED:
                 continue
-            plan.rows.append(self._row(request, num_new, mask))
+            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
             scheduled.add(request.seq_id)
             budget -= num_new
         if not blocked and self.counters.preemptions_total == preemptions_before:
@@ -217,8 +194,8 @@ class Scheduler:
                 continue
             queues.waiting.popleft()
             self._start_sequence(queues, request, prefix)
-            plan.new_sequences.append(self._new_sequence(request))
-            plan.rows.append(self._row(request, num_new, mask))
+            plan.new_sequences.append(new_sequence(request))
+            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
             budget -= num_new
         return budget
 
@@ -249,56 +226,25 @@ class Scheduler:
         self._by_seq[seq_id] = request
         queues.running.append(request)
 
-    @staticmethod
-    def _new_sequence(request: Request) -> NewSequence:
-        return NewSequence(
-            seq_id=request.seq_id, partition_id=request.partition_id,
-            prompt_token_ids=tuple(request.tokens_in_range(0, request.num_tokens)),
-            logit_bias_token_ids=tuple(t for t, _ in request.logit_bias),
-            logit_bias_values=tuple(b for _, b in request.logit_bias),
-            request_id=request.correlation_id, num_cached_tokens=request.num_cached_tokens)
-
-    def _row(self, request: Request, num_new: int, mask: Optional[TokenMask]) -> ScheduledRow:
-        start = request.num_computed_tokens
-        self.kv.allocate(request.seq_id, request.partition_id, start + num_new)
-        blocks = tuple(GroupBlocks(group, first, tuple(ids)) for group, (first, ids)
-                       in self.kv.take_unsent(request.seq_id).items())
-        append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
-        request.num_known_tokens = request.num_tokens
-        return ScheduledRow(
-            seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
-            append_token_ids=tuple(append), new_blocks=blocks,
-            sample=start + num_new == request.num_tokens, mask=mask,
-            partition_id=request.partition_id)
-
     def _mask_or_fail(self, request: Request, end: int) -> Union[TokenMask, None, object]:
         """The grammar mask when this row (up to position `end`) samples for a constrained request
         (None otherwise); _FAILED when the matcher raised: that request fails, the step goes on."""
         if request.matcher is None or end < request.num_tokens:
             return None
         try:
-            row = request.matcher.mask()
+            return grammar_mask(request)
         except Exception as error:  # a grammar bug must not take the batch down
             self.fail(request, ErrorKind.INTERNAL,
                       f"grammar mask failed for request {request.request_id}: {error}")
             return _FAILED
-        if row.allowed_token_ids is not None:
-            return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
-        return TokenMask(bitmask=bytes(row.bitmask))
 
     def _track_stall(self, queues: PartitionQueues, blocked: list[Request],
                      progressed: bool) -> None:
-        if not blocked or progressed:
-            queues.stalled_since = None
+        victim = stalled_victim(queues, blocked, progressed, self._clock(),
+                                self.limits.stall_timeout_s)
+        if victim is None:
             return
-        now = self._clock()
-        if queues.stalled_since is None:
-            queues.stalled_since = now
-        if now - queues.stalled_since < self.limits.stall_timeout_s:
-            return
-        victim = max(blocked, key=lambda r: r.arrival)
         self.counters.stall_rejections_total += 1
-        queues.stalled_since = None
         self.fail(victim, ErrorKind.RESOURCE_EXHAUSTED,
                   f"request {victim.request_id} stalled: cache partition {queues.partition_id} "
                   f"has no free blocks for it and no request there could progress for "

@@ -6,7 +6,8 @@ from typing import Any, Iterable, Optional
 
 from services.scheduler.kv_cache import BlockTable, GroupUsage, KvCacheManager
 from services.scheduler.requests import Request, RequestPhase
-from services.scheduler.scheduler import Scheduler, SchedulerCounters
+from services.scheduler.limits import SchedulerCounters
+from services.scheduler.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from services.scheduler.memory_pressure import ConstrainedPreemption
 from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash
 from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, FinishedEvent,
                                          FinishReason, GenerateParams, Request, RequestPhase)
-from services.scheduler.scheduler import Scheduler, SchedulerCounters, SchedulingLimits
+from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.scheduler import Scheduler
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
 from services.common.step_descriptors import StepPlan, StepResult
 from services.scheduler.worker_description import WorkerDescription

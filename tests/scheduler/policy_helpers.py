@@ -8,7 +8,8 @@ from services.common.step_protos import plan_to_proto, result_from_proto
 from services.scheduler.kv_cache import BlockGroupSpec, KvCacheManager
 from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash
 from services.scheduler.requests import ConstraintSpec, Request, RequestEvent, TokensEvent
-from services.scheduler.scheduler import Scheduler, SchedulingLimits
+from services.scheduler.limits import SchedulingLimits
+from services.scheduler.scheduler import Scheduler
 from services.common.step_descriptors import RowResult, StepPlan, StepResult
 from tests.scheduler.fake_worker import (EOS_TOKEN_ID, FINGERPRINT, FakeWorker, FakeWorkerSpec,
                                          next_token)
