@@ -35,7 +35,6 @@ class BlockTable:
 
     block_ids: list[int] = field(default_factory=list)
     released_prefix: int = 0
-    num_sent: int = 0  # logical blocks the workers were told about
 
     @property
     def num_logical_blocks(self) -> int:
@@ -48,9 +47,14 @@ class BlockTable:
 
 @dataclass
 class SequenceBlocks:
+    """Every group's table of one sequence covers the same `num_blocks` logical blocks."""
+
     partition_id: int
     tables: dict[str, BlockTable]
+    num_blocks: int = 0
+    num_sent: int = 0       # logical blocks the workers were told about
     num_published: int = 0  # leading logical blocks published or shared from the cache
+    release_at: int = 0     # no windowed block can be released before this next position
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,8 @@ class KvCacheManager:
             for block in shared:
                 pool.share(block)
             tables[name] = BlockTable(shared, released_prefix=prefix.first_block.get(name, 0))
-        self._sequences[seq_id] = SequenceBlocks(partition_id, tables, prefix.num_blocks)
+        self._sequences[seq_id] = SequenceBlocks(partition_id, tables, prefix.num_blocks,
+                                                 num_published=prefix.num_blocks)
 
     def publish(self, seq_id: int, block_hashes: list[bytes], num_computed_tokens: int) -> None:
         """Publish the sequence's blocks that `num_computed_tokens` confirmed positions filled."""
@@ -188,58 +193,59 @@ class KvCacheManager:
         seq.num_published = max(seq.num_published, full)
 
     # ---- tables ----------------------------------------------------------------------------
-    def blocks_needed(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, int]:
-        """New blocks per group for the sequence to cover positions [0, num_tokens)."""
-        need = blocks_for(num_tokens, self.block_size)
+    def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
+        """New blocks (in every group) for the sequence to cover positions [0, num_tokens)."""
         seq = self._sequences.get(seq_id)
-        if seq is None:
-            return {name: need for name in self._pools[partition_id]}
-        return {name: max(0, need - table.num_logical_blocks) for name, table in seq.tables.items()}
+        return blocks_for(num_tokens, self.block_size) - (seq.num_blocks if seq else 0)
 
     def can_allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> bool:
-        pools = self._pools[partition_id]
-        needed = self.blocks_needed(seq_id, partition_id, num_tokens)
-        return all(pools[name].can_allocate(n) for name, n in needed.items())
+        count = self.blocks_needed(seq_id, num_tokens)
+        return count <= 0 or all(pool.can_allocate(count)
+                                 for pool in self._pools[partition_id].values())
 
     def tokens_that_fit(self, seq_id: int, start: int, num_new: int) -> int:
         """How many of `num_new` positions from `start` the free blocks can cover (0: none)."""
         seq = self._sequences[seq_id]
-        pools = self._pools[seq.partition_id]
-        end = min((table.num_logical_blocks + pools[name].num_free) * self.block_size
-                  for name, table in seq.tables.items())
-        return max(0, min(num_new, end - start))
+        free = min(pool.num_free for pool in self._pools[seq.partition_id].values())
+        return max(0, min(num_new, (seq.num_blocks + free) * self.block_size - start))
 
     def allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, list[int]]:
         """Extend the sequence's tables to cover [0, num_tokens); returns the new ids per group."""
-        pools = self._pools[partition_id]
-        needed = self.blocks_needed(seq_id, partition_id, num_tokens)
         if seq_id not in self._sequences:
             self.start(seq_id, partition_id, NO_PREFIX)
         seq = self._sequences[seq_id]
+        count = self.blocks_needed(seq_id, num_tokens)
+        if count <= 0:
+            return {}
         new_ids: dict[str, list[int]] = {}
-        for name, count in needed.items():
-            new_ids[name] = pools[name].allocate(count) if count else []
+        for name, pool in self._pools[partition_id].items():
+            new_ids[name] = pool.allocate(count)
             seq.tables[name].block_ids.extend(new_ids[name])
+        seq.num_blocks += count
         return new_ids
 
     def take_unsent(self, seq_id: int) -> dict[str, tuple[int, list[int]]]:
         """Per group with blocks the workers do not know yet: (first logical block, ids); they
         count as sent from now on."""
+        seq = self._sequences[seq_id]
+        if seq.num_sent == seq.num_blocks:
+            return {}
         unsent = {}
-        for name, table in self._sequences[seq_id].tables.items():
-            first = max(table.num_sent, table.released_prefix)
-            if first < table.num_logical_blocks:
+        for name, table in seq.tables.items():
+            first = max(seq.num_sent, table.released_prefix)
+            if first < seq.num_blocks:
                 unsent[name] = (first, table.block_ids[first - table.released_prefix:])
-            table.num_sent = table.num_logical_blocks
+        seq.num_sent = seq.num_blocks
         return unsent
 
     def release_outside_window(self, seq_id: int, next_pos: int) -> int:
         """Free window blocks no query from `next_pos` on can read (published ones stay cached,
         evictable); returns how many were freed."""
         seq = self._sequences.get(seq_id)
-        if seq is None:
+        if seq is None or next_pos < seq.release_at:
             return 0
         released = 0
+        release_at = None
         for group in self.groups[seq.partition_id]:
             if group.sliding_window == 0:
                 continue
@@ -251,6 +257,10 @@ class KvCacheManager:
                 del table.block_ids[:count]
                 table.released_prefix += count
                 released += count
+            # Block r becomes releasable once next_pos ≥ (r + 1)·bs + window − 1.
+            group_at = (table.released_prefix + 1) * self.block_size + group.sliding_window - 1
+            release_at = group_at if release_at is None else min(release_at, group_at)
+        seq.release_at = release_at or 0
         return released
 
     def free(self, seq_id: int) -> None:

@@ -81,6 +81,9 @@ class PrefixCache:
 
     def publish(self, request: Request) -> None:
         """Publish the blocks the request's confirmed positions filled."""
-        if self.policy.enabled and request.seq_id is not None:
+        if not self.policy.enabled or request.seq_id is None:
+            return
+        filled = request.num_computed_tokens // self.kv.block_size
+        if filled > self.kv.sequence(request.seq_id).num_published:
             self.kv.publish(request.seq_id, self.block_hashes(request),
                             request.num_computed_tokens)
