@@ -109,3 +109,20 @@ def test_rows_written_past_the_committed_length_are_never_read(runtime, cold) ->
         assert float((out.logits[0] - cold_logits[len(tokens)]).abs().max()) <= 1e-5
         tokens.append(out.sampled[0])
     assert tokens == cold_tokens
+
+
+@pytest.mark.parametrize("hit", [96, 160])
+def test_a_resumed_sequence_never_writes_the_blocks_it_shares(runtime, cold, hit: int) -> None:
+    """A sequence diverging after a 32-aligned (not 128-aligned) hit: the shared blocks keep their
+    bytes in every group (a ratio-128 entry completed after the hit goes to a fresh block)."""
+    prompt, _, _ = cold
+    shared = list(range(hit // BLOCK_SIZE))
+    before = {group: [t[shared].clone() for t in runtime.cache.storage(group)]
+              for group in runtime.cache.group_windows}
+    fresh = list(range(BLOCKS_PER_SEQ, 2 * BLOCKS_PER_SEQ))
+    tables = resumed_tables(runtime, list(range(BLOCKS_PER_SEQ)), fresh, hit)
+    diverged = prompt[:hit] + prompt_of(200, seed=hit)
+    run_from(runtime, 4, diverged, hit, tables)
+    for group, tensors in before.items():
+        for kept, now in zip(tensors, runtime.cache.storage(group)):
+            assert torch.equal(kept, now[shared]), group
