@@ -160,7 +160,8 @@ class SequenceLog:
     def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
         for new in new_sequences:
             self._request_ids[new.seq_id] = new.request_id
-            _LOG.info("sequence %d started (%d prompt tokens)", new.seq_id, len(new.prompt_token_ids),
+            _LOG.info("sequence %d started (%d prompt tokens, %d from the prefix cache)", new.seq_id,
+                      len(new.prompt_token_ids), new.num_cached_tokens,
                       extra={"request_id": new.request_id})
 
     def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:

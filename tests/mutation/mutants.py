@@ -37,7 +37,7 @@ CONSTRAINT_TESTS = ("tests/frontend/test_constraints.py", "tests/frontend/test_c
 SAMPLING_TESTS = ("tests/worker/test_sampling.py", "tests/worker/test_masked_argmax.py",
                   "tests/worker_service/test_executor.py")
 PREFIX_TESTS = ("tests/scheduler/test_block_pool.py", "tests/scheduler/test_prefix_caching.py")
-RESUME_TESTS = ("tests/worker/test_paging.py", "tests/worker/test_prefix_resume.py")
+RESUME_TESTS = ("tests/worker/test_prefix_resume.py", "tests/worker/test_paging.py")
 
 
 @dataclass(frozen=True)

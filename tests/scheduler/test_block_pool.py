@@ -179,12 +179,14 @@ class TestPrefixLookup:
         assert kv.find_cached_prefix(0, hashes_of(other), max_blocks=4).num_blocks == 2
 
     def test_hash_chain_names_the_whole_prefix(self):
-        """Block 1 of two prompts that differ only in block 0 does not hit."""
+        """B starts like A and continues like C: only its first block is cached (C's second block
+        holds the same tokens after a different first block)."""
         kv = make_kv()
-        tokens = list(range(100, 116))
-        self.published_sequence(kv, tokens)
-        other = [9] + tokens[1:]
-        assert kv.find_cached_prefix(0, hashes_of(other), max_blocks=4) is NO_PREFIX
+        a, c = list(range(100, 116)), list(range(200, 216))
+        self.published_sequence(kv, a, seq_id=1)
+        self.published_sequence(kv, c, seq_id=2)
+        b = a[:4] + c[4:]
+        assert kv.find_cached_prefix(0, hashes_of(b), max_blocks=3).num_blocks == 1
 
     def test_unconfirmed_blocks_are_not_published(self):
         kv = make_kv()
