@@ -109,27 +109,32 @@ class TestHits:
 
 
 class TestPublishing:
-    def test_blocks_are_published_only_after_the_worker_confirmed_the_step(self):
-        scheduler, worker = make_cached_scheduler()
+    """A 30-token prompt is scheduled in one row; a probe with the same prompt looks for it."""
+
+    def scheduled(self):
+        scheduler, _ = make_cached_scheduler()
         tokens = prompt(8, 30)
-        first, _ = make_request("first", tokens, max_tokens=2)
+        first, rec = make_request("first", tokens, max_tokens=2)
         scheduler.add(first)
         plan = scheduler.schedule()
-        probe, _ = make_request("probe", tokens, max_tokens=2)
-        assert scheduler.prefix.lookup(probe, 0).num_blocks == 0  # computed, not yet confirmed
         assert plan.rows[0].num_new_tokens == 30
+        return scheduler, plan, first, rec, make_request("probe", tokens, max_tokens=2)[0]
+
+    def test_blocks_are_published_only_after_the_worker_confirmed_the_step(self):
+        scheduler, plan, first, _, probe = self.scheduled()
+        assert scheduler.prefix.lookup(probe, 0).num_blocks == 0  # computed, not yet confirmed
+        scheduler.commit(plan, StepResult(plan.step_id, (RowResult(first.seq_id, 9),)))
+        assert scheduler.prefix.lookup(probe, 0).num_blocks == 7
+
+    def test_a_failed_step_publishes_nothing(self):
+        scheduler, _, first, _, probe = self.scheduled()
         scheduler.fail(first, ErrorKind.INTERNAL, "the step failed")  # what the step loop does
         assert scheduler.prefix.lookup(probe, 0).num_blocks == 0
         assert all_free(scheduler)
 
     def test_a_failed_row_publishes_nothing(self):
-        scheduler, worker = make_cached_scheduler()
-        tokens = prompt(9, 30)
-        first, rec = make_request("first", tokens, max_tokens=2)
-        scheduler.add(first)
-        plan = scheduler.schedule()
-        scheduler.commit(plan, StepResult(plan.step_id, (RowResult(first.seq_id or 0, error="x"),)))
-        probe, _ = make_request("probe", tokens, max_tokens=2)
+        scheduler, plan, first, rec, probe = self.scheduled()
+        scheduler.commit(plan, StepResult(plan.step_id, (RowResult(first.seq_id, error="x"),)))
         assert isinstance(rec.events[-1], FailedEvent)
         assert scheduler.prefix.lookup(probe, 0).num_blocks == 0
         assert all_free(scheduler)

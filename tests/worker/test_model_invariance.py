@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
+from tests.worker.chunked_runs import prefill_and_decode
 
 BLOCK_SIZE = 16
 BLOCKS_PER_SEQ = 12         # 192 positions
@@ -40,24 +41,8 @@ def prompt_of(length: int, seed: int) -> list[int]:
 def generate(runtime: ModelRuntime, seq_id: int, slot: int, prompt: list[int], chunk: int,
              new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
     """Chunked prefill then single-token decodes → (greedy tokens, logits of every sampled step)."""
-    tables = tables_for(runtime, slot)
-    tokens: list[int] = []
-    logits: list[torch.Tensor] = []
-    for start in range(0, len(prompt), chunk):
-        piece = prompt[start:start + chunk]
-        last = start + len(piece) == len(prompt)
-        out = runtime.step([SequenceChunk(seq_id, start, piece, tables, sample=last)],
-                           return_logits=last)
-        if last:
-            tokens.append(out.sampled[0])
-            logits.append(out.logits[0])
-    while len(tokens) < new_tokens:
-        pos = len(prompt) + len(tokens) - 1
-        out = runtime.step([SequenceChunk(seq_id, pos, [tokens[-1]], tables, sample=True)],
-                           return_logits=True)
-        tokens.append(out.sampled[0])
-        logits.append(out.logits[0])
-    return tokens, logits
+    return prefill_and_decode(runtime, seq_id, prompt, tables_for(runtime, slot), chunk,
+                              new_tokens)
 
 
 def test_chunked_prefill_matches_one_chunk(runtime: ModelRuntime) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from services.worker.model.kv_cache import first_needed_block
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
+from tests.worker.chunked_runs import prefill_and_decode
 
 BLOCK_SIZE = 32
 PROMPT_LEN = 1000
@@ -44,23 +45,7 @@ def prompt_of(length: int, seed: int) -> list[int]:
 def run_from(runtime: ModelRuntime, seq_id: int, tokens: list[int], start: int,
              tables: dict[str, list[int]]) -> tuple[list[int], list[torch.Tensor]]:
     """Prefill tokens[start:] in 128-token chunks, then greedy decodes → (tokens, logits)."""
-    out_tokens: list[int] = []
-    logits: list[torch.Tensor] = []
-    for pos in range(start, len(tokens), CHUNK):
-        piece = tokens[pos:pos + CHUNK]
-        last = pos + len(piece) == len(tokens)
-        out = runtime.step([SequenceChunk(seq_id, pos, piece, tables, sample=last)],
-                           return_logits=last)
-        if last:
-            out_tokens.append(out.sampled[0])
-            logits.append(out.logits[0])
-    while len(out_tokens) < NEW_TOKENS:
-        pos = len(tokens) + len(out_tokens) - 1
-        out = runtime.step([SequenceChunk(seq_id, pos, [out_tokens[-1]], tables, sample=True)],
-                           return_logits=True)
-        out_tokens.append(out.sampled[0])
-        logits.append(out.logits[0])
-    return out_tokens, logits
+    return prefill_and_decode(runtime, seq_id, tokens, tables, CHUNK, NEW_TOKENS, start)
 
 
 def resumed_tables(runtime: ModelRuntime, cold: list[int], fresh: list[int], hit: int
