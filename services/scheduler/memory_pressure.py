@@ -36,7 +36,8 @@ def pick_victim(queues: PartitionQueues, request: Request, scheduled: set[int],
     if unconstrained:
         return max(unconstrained, key=lambda r: r.arrival)
     if constrained is ConstrainedPreemption.REPLAY:
-        return max(candidates, key=lambda r: r.arrival, default=None)
+        replayable = [r for r in candidates if r.matcher_factory is not None]
+        return max(replayable, key=lambda r: r.arrival, default=None)
     return None
 
 
