@@ -52,9 +52,6 @@ def npu_only_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> l
 def not_yet_implemented_warnings(args: argparse.Namespace) -> list[str]:
     """Operators' flags this release accepts but does not act on yet: said out loud, never silently."""
     messages = []
-    if getattr(args, "enable_prefix_caching", None):
-        messages.append("--enable-prefix-caching: prefix caching is not implemented yet; "
-                        "every prompt is computed in full")
     speculative = getattr(args, "speculative_config", None)
     if speculative is not None and speculative.num_speculative_tokens > 0:
         messages.append(f"--speculative-config: {speculative.method} speculative decoding is not implemented "
@@ -148,7 +145,8 @@ def scheduler_config_from_args(args: argparse.Namespace, model_dir: Path,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
-        enable_prefix_caching=bool(args.enable_prefix_caching), speculative=args.speculative_config,
+        enable_prefix_caching=args.enable_prefix_caching,
+        preempt_constrained=args.preempt_constrained, speculative=args.speculative_config,
         generate_defaults=args.generate_config, max_waiting_requests=args.max_waiting_requests,
         ops=ops_from_args(args, serves_grpc=True),
     )

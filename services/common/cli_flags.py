@@ -50,9 +50,12 @@ def _add_scheduling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=positive_int, default=8, help="running requests at most")
     p.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=128,
                    help="prefill chunk size per request per step")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse cached KV blocks of identical prompt prefixes (accepted; not implemented "
-                        "yet: every prompt is computed in full, with a warning)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the cached blocks of identical prompt prefixes, at every block boundary "
+                        "(on by default; --no-enable-prefix-caching computes every prompt in full)")
+    p.add_argument("--preempt-constrained", choices=("wait", "replay"), default="wait",
+                   help="under cache pressure, constrained requests wait (default) or are preempted and "
+                        "replay their committed output into a fresh grammar matcher on resume")
 
 
 def _add_generate_defaults(p: argparse.ArgumentParser) -> None:

@@ -88,7 +88,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 128
     block_size: int = 32
-    enable_prefix_caching: bool = False  # accepted; prefix caching is not implemented yet
+    enable_prefix_caching: bool = True
+    # Cache pressure and constrained requests: "wait" (never preempted) or "replay" (preempted;
+    # the matcher re-accepts the committed output on resume). See scheduler/memory_pressure.py.
+    preempt_constrained: str = "wait"
+    # A prefix-cache hit leaves at least this many tokens to compute (128 when DSpark rebuilds its
+    # drafter context from them).
+    prefix_min_tokens_to_compute: int = 1
     speculative: Optional[SpeculativeConfig] = None
     generate_defaults: GenerateDefaults = field(default_factory=GenerateDefaults)
     grammar_compile_threads: int = 2

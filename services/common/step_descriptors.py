@@ -22,6 +22,19 @@ class NewSequence:
     logit_bias_values: tuple[float, ...] = ()
     # The request's correlation id, for the worker's logs.
     request_id: str = ""
+    # Positions already in blocks shared from the prefix cache; the first row starts there.
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GroupBlocks:
+    """Blocks appended to a sequence's table of one block group, the first at logical index
+    `first_logical_block` (beyond the table's end only on a prefix-cache hit: the windowed group's
+    blocks before the hit's window are never read)."""
+
+    group: str
+    first_logical_block: int
+    block_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -43,9 +56,8 @@ class ScheduledRow:
     num_new_tokens: int
     # Output tokens committed since the sequence's previous row (they extend its known tokens).
     append_token_ids: tuple[int, ...] = ()
-    # Blocks appended to the sequence's table of each block group this step.
-    new_block_ids: tuple[int, ...] = ()
-    new_window_block_ids: tuple[int, ...] = ()
+    # Blocks appended to the sequence's tables this step, one entry per group that got any.
+    new_blocks: tuple[GroupBlocks, ...] = ()
     # Sample one token from the last computed position.
     sample: bool = False
     mask: Optional[TokenMask] = None

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from services.common.pb.dsv4serve.v1 import worker_pb2
-from services.common.step_descriptors import (NewSequence, RowResult, ScheduledRow, StepPlan,
-                                              StepResult, TokenMask)
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
+                                              StepPlan, StepResult, TokenMask)
 
 
 def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
@@ -12,7 +12,7 @@ def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
         new_sequences=[worker_pb2.NewSequence(
             seq_id=s.seq_id, partition_id=s.partition_id, prompt_token_ids=s.prompt_token_ids,
             logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values,
-            request_id=s.request_id)
+            request_id=s.request_id, num_cached_tokens=s.num_cached_tokens)
             for s in plan.new_sequences],
         rows=[_row_to_proto(row) for row in plan.rows],
         finished_seq_ids=plan.finished_seq_ids)
@@ -22,8 +22,9 @@ def _row_to_proto(row: ScheduledRow) -> worker_pb2.ScheduledRow:
     message = worker_pb2.ScheduledRow(
         seq_id=row.seq_id, partition_id=row.partition_id,
         num_computed_tokens=row.num_computed_tokens, num_new_tokens=row.num_new_tokens,
-        append_token_ids=row.append_token_ids, new_block_ids=row.new_block_ids,
-        new_window_block_ids=row.new_window_block_ids, sample=row.sample)
+        append_token_ids=row.append_token_ids, sample=row.sample,
+        new_blocks=[worker_pb2.GroupBlocks(group=g.group, first_logical_block=g.first_logical_block,
+                                           block_ids=g.block_ids) for g in row.new_blocks])
     if row.mask is not None:
         message.mask.allowed_token_ids.extend(row.mask.allowed_token_ids)
         message.mask.bitmask = row.mask.bitmask
@@ -37,7 +38,8 @@ def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
             seq_id=new.seq_id, partition_id=new.partition_id,
             prompt_token_ids=tuple(new.prompt_token_ids),
             logit_bias_token_ids=tuple(new.logit_bias_token_ids),
-            logit_bias_values=tuple(new.logit_bias_values), request_id=new.request_id)
+            logit_bias_values=tuple(new.logit_bias_values), request_id=new.request_id,
+            num_cached_tokens=new.num_cached_tokens)
             for new in request.new_sequences],
         rows=[_row_from_proto(row) for row in request.rows],
         finished_seq_ids=list(request.finished_seq_ids))
@@ -50,8 +52,8 @@ def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
                         num_computed_tokens=row.num_computed_tokens,
                         num_new_tokens=row.num_new_tokens,
                         append_token_ids=tuple(row.append_token_ids),
-                        new_block_ids=tuple(row.new_block_ids),
-                        new_window_block_ids=tuple(row.new_window_block_ids),
+                        new_blocks=tuple(GroupBlocks(g.group, g.first_logical_block,
+                                                     tuple(g.block_ids)) for g in row.new_blocks),
                         sample=row.sample, mask=mask)
 
 

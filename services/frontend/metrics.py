@@ -132,16 +132,26 @@ class _SchedulerCollector:
         yield from self._partition_families(self._snapshot.partitions)
 
     def _partition_families(self, partitions: tuple[PartitionStats, ...]) -> Iterator[Metric]:
-        """Per cache partition (DP group): running and waiting requests, cache usage."""
-        for name, help_text, value_of in (
-                ("dsv4serve:partition_requests_running", "Running requests of one partition.",
+        """Per cache partition (DP group): running and waiting requests, cache usage, prefix
+        cache."""
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        for family, name, help_text, value_of in (
+                (gauge, "dsv4serve:partition_requests_running", "Running requests of one partition.",
                  lambda p: p.running),
-                ("dsv4serve:partition_requests_waiting", "Requests waiting in one partition.",
+                (gauge, "dsv4serve:partition_requests_waiting", "Requests waiting in one partition.",
                  lambda p: p.waiting),
-                ("dsv4serve:partition_kv_cache_usage_perc",
+                (gauge, "dsv4serve:partition_kv_cache_usage_perc",
                  "Fraction of one partition's KV-cache blocks in use.",
-                 lambda p: p.used_blocks / p.total_blocks if p.total_blocks else 0.0)):
-            metric = GaugeMetricFamily(name, help_text, labels=_MODEL + ["partition"])
+                 lambda p: p.used_blocks / p.total_blocks if p.total_blocks else 0.0),
+                (gauge, "dsv4serve:partition_prefix_cache_blocks",
+                 "Blocks of one partition held by its prefix cache (all groups).",
+                 lambda p: p.cached_blocks),
+                (counter, "dsv4serve:partition_prefix_cache_queries",
+                 "Prefix cache queries of one partition, in tokens.",
+                 lambda p: p.prefix_cache_queries),
+                (counter, "dsv4serve:partition_prefix_cache_hits",
+                 "Prefix cache hits of one partition, in tokens.", lambda p: p.prefix_cache_hits)):
+            metric = family(name, help_text, labels=_MODEL + ["partition"])
             for partition in partitions:
                 metric.add_metric([self._model_name, str(partition.partition_id)],
                                   value_of(partition))
@@ -161,6 +171,13 @@ def _scheduler_samples(s: SchedulerSnapshot) -> list[tuple[str, type, str, float
         ("vllm:num_requests_waiting", gauge, "Requests waiting to be scheduled.", s.num_waiting),
         ("vllm:kv_cache_usage_perc", gauge, "Fraction of KV-cache blocks in use (1 = full).", usage),
         ("vllm:num_preemptions_total", counter, "Preemptions by recompute.", s.preemptions_total),
+        ("vllm:prefix_cache_queries", counter,
+         "Prefix cache queries, in terms of number of queried tokens.", s.prefix_cache_queries_total),
+        ("vllm:prefix_cache_hits", counter,
+         "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits_total),
+        ("dsv4serve:constrained_preemptions_total", counter,
+         "Constrained requests preempted and replayed (--preempt-constrained replay).",
+         s.constrained_preemptions_total),
         ("dsv4serve:num_requests_grammar_pending", gauge,
          "Requests waiting for their grammar to compile.", s.num_grammar_pending),
         ("dsv4serve:num_constrained_requests_running", gauge,

@@ -103,6 +103,9 @@ class PartitionStats:
     waiting: int
     total_blocks: int
     used_blocks: int
+    cached_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,9 @@ class SchedulerSnapshot:
     prompt_tokens_total: int
     generation_tokens_total: int
     partitions: tuple[PartitionStats, ...] = ()
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+    constrained_preemptions_total: int = 0
 
 
 _HTTP_STATUS_BY_CODE = {
@@ -331,8 +337,12 @@ class SchedulerClient:
             generation_tokens_total=r.generation_tokens_total,
             partitions=tuple(PartitionStats(
                 p.partition_id, p.running_requests, p.waiting_requests,
-                sum(g.total_blocks for g in p.groups), sum(g.used_blocks for g in p.groups))
-                for p in r.partitions))
+                sum(g.total_blocks for g in p.groups), sum(g.used_blocks for g in p.groups),
+                sum(g.cached_blocks for g in p.groups), p.prefix_cache_queries,
+                p.prefix_cache_hits) for p in r.partitions),
+            prefix_cache_queries_total=r.prefix_cache_queries_total,
+            prefix_cache_hits_total=r.prefix_cache_hits_total,
+            constrained_preemptions_total=r.constrained_preemptions_total)
 
     @staticmethod
     async def _unary(method, request, timeout_s: float):

@@ -18,9 +18,12 @@ from services.scheduler.admission import AdmissionLimits, admit
 from services.scheduler.errors import ErrorKind, SchedulerError, WorkerLost
 from services.scheduler.grammar_backend import GrammarBackend, GrammarFactory, compile_constraint
 from services.scheduler.kv_cache import KvCacheManager
+from services.scheduler.memory_pressure import ConstrainedPreemption
+from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash
 from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, FinishedEvent,
                                          FinishReason, GenerateParams, Request, RequestPhase)
-from services.scheduler.scheduler import Scheduler, SchedulerCounters, SchedulingLimits
+from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.scheduler import Scheduler
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
 from services.common.step_descriptors import StepPlan, StepResult
 from services.scheduler.worker_description import WorkerDescription
@@ -244,7 +247,8 @@ class StepLoop:
         self._compiles.pop(request.request_id, None)
         if request.phase is not RequestPhase.GRAMMAR_PENDING or self._scheduler is None:
             return
-        request.matcher = grammar.matcher(compiled)
+        request.matcher_factory = lambda: grammar.matcher(compiled)
+        request.matcher = request.matcher_factory()
         request.grammar_status = "ready"
         request.emit(admitted)
         self._scheduler.add(request)
@@ -282,8 +286,14 @@ class StepLoop:
             max_num_batched_tokens=min(self._config.max_num_batched_tokens,
                                        description.max_num_batched_tokens),
             long_prefill_token_threshold=self._config.long_prefill_token_threshold,
-            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id)
-        self._scheduler = Scheduler(limits, kv, self._counters)
+            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id,
+            constrained_preemption=ConstrainedPreemption(self._config.preempt_constrained))
+        prefix_policy = PrefixCachePolicy(
+            enabled=self._config.enable_prefix_caching,
+            root=root_hash(description.model_fingerprint, description.compute_dtype,
+                           description.block_size),
+            min_tokens_to_compute=self._config.prefix_min_tokens_to_compute)
+        self._scheduler = Scheduler(limits, kv, self._counters, prefix_policy=prefix_policy)
         self.not_ready_reason = ""
 
     async def _build_grammar(self, description: WorkerDescription) -> GrammarBackend:

@@ -33,3 +33,4 @@ class WorkerDescription:
     host_ranks: tuple[int, ...] = (0,)
     # The round of the world its ranks joined (0: loaded, not joined; see worker.proto).
     world_round: int = 1
+    compute_dtype: str = "float32"  # "float32" or "bfloat16": part of what a cached block holds

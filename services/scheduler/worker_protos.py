@@ -18,4 +18,5 @@ def description_from_proto(response: worker_pb2.DescribeResponse) -> WorkerDescr
         max_num_batched_tokens=response.max_num_batched_tokens,
         topology=WorldTopology(topology.world_size, topology.dp, topology.tp, topology.ep,
                                topology.backend),
-        host_ranks=tuple(topology.host_ranks), world_round=response.world_round)
+        host_ranks=tuple(topology.host_ranks), world_round=response.world_round,
+        compute_dtype=response.compute_dtype)

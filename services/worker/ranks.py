@@ -62,8 +62,8 @@ class ModelRuntimeFactory:
 
         return ModelRuntime(RuntimeConfig(
             model_dir=spec.model_dir, dtype=getattr(torch, spec.dtype), device=spec.device,
-            block_size=spec.limits.block_size, num_blocks=spec.limits.num_blocks,
-            num_window_blocks=spec.limits.num_window_blocks), spec.layout, collectives)
+            block_size=spec.limits.block_size, num_blocks=spec.limits.num_blocks),
+            spec.layout, collectives)
 
 
 class RankGroupError(Exception):
@@ -318,8 +318,8 @@ def rank_specs(config: WorkerConfig, facts: ModelFacts) -> list[RankSpec]:
         layout = ParallelLayout(rank=rank, dp=topology.dp, tp=topology.tp, ep=topology.ep)
         limits = PartitionLimits(partition_id=layout.partition_id, vocab_size=facts.vocab_size,
                                  block_size=config.block_size,
-                                 num_blocks=facts.num_blocks("compressed"),
-                                 num_window_blocks=facts.num_blocks("window"))
+                                 num_blocks=facts.num_blocks_per_group,
+                                 block_groups=tuple(g.name for g in facts.block_groups))
         device_index = topology.devices[rank] if topology.devices else rank
         specs.append(RankSpec(layout=layout, dist_backend="nccl" if on_cuda else "gloo",
                               device=f"cuda:{device_index}" if on_cuda else "cpu",

@@ -47,8 +47,7 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
                       for group in facts.block_groups],
         cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
                                                rows_per_block=family.rows_per_block,
-                                               bytes_per_block=family.bytes_per_block,
-                                               bytes_per_sequence=family.bytes_per_sequence)
+                                               bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
         max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
 
@@ -168,7 +167,8 @@ class SequenceLog:
     def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
         for new in new_sequences:
             self._request_ids[new.seq_id] = new.request_id
-            _LOG.info("sequence %d started (%d prompt tokens)", new.seq_id, len(new.prompt_token_ids),
+            _LOG.info("sequence %d started (%d prompt tokens, %d from the prefix cache)", new.seq_id,
+                      len(new.prompt_token_ids), new.num_cached_tokens,
                       extra={"request_id": new.request_id})
 
     def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:

@@ -154,10 +154,19 @@ class TestDefaults:
         assert frontend.model_dir == tiny
         assert frontend.served_model_name == "tiny-a"
 
-    def test_prefix_caching_can_be_turned_off(self) -> None:
+    def test_prefix_caching_is_on_by_default_and_can_be_turned_off(self) -> None:
+        kw = dict(environ={}, default_model_dir=no_default_model)
+        assert cli_args.parse_scheduler_args(["--model", str(MODEL)], **kw).enable_prefix_caching
         scheduler = cli_args.parse_scheduler_args(["--model", str(MODEL), "--no-enable-prefix-caching"],
-                                                  environ={}, default_model_dir=no_default_model)
+                                                  **kw)
         assert scheduler.enable_prefix_caching is False
+
+    def test_constrained_requests_wait_under_pressure_unless_replay_is_asked(self) -> None:
+        kw = dict(environ={}, default_model_dir=no_default_model)
+        assert cli_args.parse_scheduler_args(["--model", str(MODEL)], **kw).preempt_constrained == "wait"
+        replay = cli_args.parse_scheduler_args(["--model", str(MODEL), "--preempt-constrained", "replay"],
+                                               **kw)
+        assert replay.preempt_constrained == "replay"
 
     def test_service_ports_default_to_the_documented_ones(self) -> None:
         stack = cli_args.parse_stack_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
@@ -179,7 +188,8 @@ class TestChildArgvRoundTrip:
     """The launcher starts its children with `*_argv(config)`; they must rebuild the same config."""
 
     def test_every_service_rebuilds_its_config(self) -> None:
-        argv = GUIDE_ARGV + ["--num-blocks", "512", "--dtype", "bfloat16", "--no-enable-prefix-caching"]
+        argv = GUIDE_ARGV + ["--num-blocks", "512", "--dtype", "bfloat16", "--no-enable-prefix-caching",
+                             "--preempt-constrained", "replay"]
         stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
         kw = dict(environ={}, default_model_dir=no_default_model)
 
@@ -225,15 +235,16 @@ class TestChildArgvRoundTrip:
 
 
 def test_accepted_but_unimplemented_operator_flags_are_named_in_warnings(caplog) -> None:
-    """Prefix caching and DSpark speculation are accepted for the operators' command line, but this
-    release does not act on them yet: each says so in a warning instead of pretending."""
+    """DSpark speculation is accepted for the operators' command line, but this release does not
+    act on it yet: it says so in a warning instead of pretending. Prefix caching is implemented:
+    no warning."""
     from services.common.cli_args import parse_scheduler_args
 
     with caplog.at_level("WARNING"):
         parse_scheduler_args(["--model", "/tmp", "--enable-prefix-caching", "--speculative-config",
                               '{"method":"dspark","num_speculative_tokens":7}'])
     text = caplog.text
-    assert "--enable-prefix-caching" in text and "not implemented" in text
+    assert "--enable-prefix-caching" not in text
     assert "--speculative-config" in text and "K=0" in text
 
 

@@ -189,11 +189,14 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
                                      workers=[worker])
 
     async def GetSchedulerState(self, request, context) -> pb.GetSchedulerStateResponse:
-        usage = pb.BlockGroupUsage(group="compressed", total_blocks=100, free_blocks=75, used_blocks=25)
+        usage = pb.BlockGroupUsage(group="compressed", total_blocks=100, free_blocks=75, used_blocks=25,
+                                   cached_blocks=40)
         return pb.GetSchedulerStateResponse(
             num_waiting=2, num_running=3, num_live_matchers=1,
-            partitions=[pb.PartitionUsage(partition_id=0, groups=[usage], running_requests=3)],
-            preemptions_total=4, steps_total=10)
+            partitions=[pb.PartitionUsage(partition_id=0, groups=[usage], running_requests=3,
+                                          prefix_cache_queries=900, prefix_cache_hits=600)],
+            preemptions_total=4, steps_total=10, prefix_cache_queries_total=900,
+            prefix_cache_hits_total=600, constrained_preemptions_total=1)
 
 
 class GatewayServer:

@@ -256,6 +256,11 @@ def test_metrics_report_scheduler_gauges_and_latency_histograms(client, fake, ht
     assert samples[("vllm:time_to_first_token_seconds_count", None)].value >= 1
     assert samples[("vllm:generation_tokens_total", None)].value > 0
     assert ("vllm:e2e_request_latency_seconds_bucket", "+Inf") in samples
+    assert samples[("vllm:prefix_cache_queries_total", None)].value == 900
+    assert samples[("vllm:prefix_cache_hits_total", None)].value == 600
+    assert samples[("dsv4serve:constrained_preemptions_total", None)].value == 1
+    assert samples[("dsv4serve:partition_prefix_cache_blocks", None)].value == 40
+    assert samples[("dsv4serve:partition_prefix_cache_hits_total", None)].value == 600
 
 def test_a_plain_x_request_id_is_echoed_and_anything_else_replaced(http, fake):
     fake.enqueue(Script(text="Hi."), Script(text="Hi."))

@@ -36,6 +36,8 @@ CONSTRAINT_TESTS = ("tests/frontend/test_constraints.py", "tests/frontend/test_c
                     "tests/scheduler/test_grammar_nested.py", "tests/scheduler/test_grammar.py")
 SAMPLING_TESTS = ("tests/worker/test_sampling.py", "tests/worker/test_masked_argmax.py",
                   "tests/worker_service/test_executor.py")
+PREFIX_TESTS = ("tests/scheduler/test_block_pool.py", "tests/scheduler/test_prefix_caching.py")
+RESUME_TESTS = ("tests/worker/test_prefix_resume.py", "tests/worker/test_paging.py")
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,43 @@ MUTANTS = (
              "experts = biased.topk(config.num_experts_per_tok, dim=-1).indices\n"
              "        scores = biased\n"),),
            MODEL_TESTS),
+    Mutant("publish-unconfirmed", "blocks published when scheduled, before the worker confirmed them",
+           "services/scheduler/step_rows.py",
+           (("    kv.allocate(request.seq_id, request.partition_id, start + num_new)\n",
+             "    kv.allocate(request.seq_id, request.partition_id, start + num_new)\n"
+             "    kv.publish(request.seq_id, request.block_hashes, start + num_new)\n"),),
+           PREFIX_TESTS),
+    Mutant("hash-ignores-parent", "a block's hash covers its own tokens only, not the prefix",
+           "services/scheduler/prefix_cache.py",
+           (("return hashlib.sha256(parent + np.asarray(",
+             "return hashlib.sha256(np.asarray("),),
+           PREFIX_TESTS),
+    Mutant("hit-skips-window-block", "a hit shares a windowed group's blocks from one block late",
+           "services/scheduler/kv_cache.py",
+           (("            first[group.name] = first_needed_block(group.sliding_window, k * self.block_size,\n"
+             "                                                   self.block_size)\n",
+             "            first[group.name] = first_needed_block(group.sliding_window, k * self.block_size,\n"
+             "                                                   self.block_size) + (group.sliding_window > 0)\n"),),
+           PREFIX_TESTS),
+    Mutant("hit-leaves-nothing", "a hit may cover the whole prompt (no token left to compute)",
+           "services/scheduler/prefix_cache.py",
+           (("max_blocks = (request.num_tokens - self.policy.min_tokens_to_compute) // self.kv.block_size",
+             "max_blocks = request.num_tokens // self.kv.block_size"),),
+           PREFIX_TESTS),
+    Mutant("replay-forgets-output", "a replayed constrained request's fresh matcher skips its output",
+           "services/scheduler/memory_pressure.py",
+           (("for position, token in enumerate(request.output_token_ids):",
+             "for position, token in enumerate(request.output_token_ids[:0]):"),),
+           PREFIX_TESTS),
+    Mutant("csa-window-without-overlap", "ratio-4 compressor rows kept 4 tokens, not 8 (the "
+           "overlapped block before is released)", "services/worker/model/kv_cache.py",
+           (("STATE_WINDOWS = {4: 8, 128: 128}", "STATE_WINDOWS = {4: 4, 128: 128}"),),
+           RESUME_TESTS),
+    Mutant("entries-by-first-token", "compressed entries stored in their first token's block "
+           "(a later step writes into a shared block)", "services/worker/model/kv_cache.py",
+           (("last_tokens = (torch.arange(count, device=block_table.device) + first_entry + 1) * ratio - 1",
+             "last_tokens = (torch.arange(count, device=block_table.device) + first_entry) * ratio"),),
+           RESUME_TESTS),
     Mutant("generator-drift", "tiny checkpoint generator seeded differently",
            "services/worker/model/tiny_checkpoint.py",
            (("    generator.manual_seed(seed)\n", "    generator.manual_seed(seed + 1)\n"),),

@@ -375,3 +375,23 @@ def test_health_and_reflection_list_the_services():
             names = {s.name for s in answer.list_services_response.service}
             assert {"dsv4serve.v1.Scheduler", "grpc.health.v1.Health"} <= names
     asyncio.run(scenario())
+
+
+def test_state_rpc_shows_prefix_cache_hits_and_cached_blocks_per_partition():
+    system = [(11 * j) % 500 + 2 for j in range(24)]
+
+    async def scenario():
+        async with running_stack() as stack:
+            first = await stack.generate("first", system + [3, 4], 4)
+            second = await stack.generate("second", system + [5, 6, 7], 4)
+            assert tokens_of(first) == reference_output(system + [3, 4], 4)
+            assert tokens_of(second) == reference_output(system + [5, 6, 7], 4)
+            state = await stack.wait_idle()
+            assert state.prefix_caching_enabled
+            partition = state.partitions[0]
+            assert (partition.prefix_cache_queries, partition.prefix_cache_hits) == (26 + 27, 24)
+            assert partition.prefix_cache_hit_rate == pytest.approx(24 / 53)
+            assert (state.prefix_cache_queries_total, state.prefix_cache_hits_total) == (53, 24)
+            assert all(g.cached_blocks > 0 and g.used_blocks == 0 for g in partition.groups)
+            assert not stack.workers[0].worker.violations
+    asyncio.run(scenario())

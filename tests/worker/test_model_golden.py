@@ -50,8 +50,7 @@ def runtime(tiny_model_dir: Path) -> ModelRuntime:
     drift = checkpoint_drift(tiny_model_dir)
     assert not drift, DRIFT.format(", ".join(drift))
     return ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32, device="cpu",
-                                      block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS,
-                                      num_window_blocks=NUM_BLOCKS))
+                                      block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +63,15 @@ def outputs(runtime: ModelRuntime) -> dict[str, dict[str, Any]]:
 def run_teacher_forced(runtime: ModelRuntime, seq_id: int, prompt: dict) -> dict[str, Any]:
     """Prefill, then one decode step per golden token (fed the golden's token, not ours)."""
     ids, forced = prompt["token_ids"], prompt["greedy_tokens"]
-    table = list(range(NUM_BLOCKS))
-    first = runtime.step([SequenceChunk(seq_id, 0, ids, table, table, sample=True)],
+    tables = runtime.cache.same_table_for_every_group(list(range(NUM_BLOCKS)))
+    first = runtime.step([SequenceChunk(seq_id, 0, ids, tables, sample=True)],
                          return_logits=True, return_hidden=True)
     logits, sampled = [first.logits[0]], [first.sampled[0]]
     for offset, token in enumerate(forced[:-1]):
-        step = runtime.step([SequenceChunk(seq_id, len(ids) + offset, [token], table, table,
+        step = runtime.step([SequenceChunk(seq_id, len(ids) + offset, [token], tables,
                                            sample=True)], return_logits=True)
         logits.append(step.logits[0])
         sampled.append(step.sampled[0])
-    runtime.free_sequence(seq_id)
     mtp = mtp_logits(runtime.model, first.hidden[0], ids[1:] + [forced[0]])
     return {"logits": logits, "sampled": sampled, "mtp": mtp}
 

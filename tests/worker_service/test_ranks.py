@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.common.config import TopologyConfig, WorkerConfig
-from services.common.step_descriptors import NewSequence, ScheduledRow, StepPlan
+from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, StepPlan
 from services.worker.ranks import RankGroup, RankGroupError, rank_specs, store_address
 from services.worker.server import serve
 from tests.worker_service.fake_runtime import FakeRuntimeFactory, fake_next_token
@@ -42,8 +42,9 @@ def test_two_ranks_run_every_step_and_rank0_answers():
             await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
             pids = ranks.pids
             plan = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT),),
-                            rows=(ScheduledRow(3, 0, 3, new_block_ids=(0,),
-                                               new_window_block_ids=(0,), sample=True),))
+                            rows=(ScheduledRow(3, 0, 3, new_blocks=(
+                                GroupBlocks("window", 0, (0,)),
+                                GroupBlocks("compressed", 0, (0,))), sample=True),))
             first = await asyncio.wait_for(ranks.step(plan), STEP_TIMEOUT_S)
             await ranks.reset()
             after_reset = await asyncio.wait_for(ranks.step(StepPlan(2, rows=plan.rows)),

@@ -21,12 +21,10 @@ from services.worker.model import compressor, numerics
 from services.worker.model.batch import ChunkRows, StepBatch
 from services.worker.model.collectives import Collectives
 from services.worker.model.config import ModelConfig
-from services.worker.model.compressor import CompressorSpec, CompressorState
-from services.worker.model.kv_cache import PagedKvCache
+from services.worker.model.compressor import CompressorSpec
+from services.worker.model.kv_cache import COMPRESSED, STATE_GROUPS, WINDOW, PagedKvCache
 from services.worker.model.parallel import ParallelLayout
 from services.worker.model.weights import ModelWeights
-
-SequenceState = dict[str, CompressorState]
 
 
 class AttentionLayer:
@@ -95,10 +93,9 @@ class AttentionLayer:
         return q, head_weights
 
     # ---- forward ------------------------------------------------------------------------------
-    def forward(self, y: torch.Tensor, batch: StepBatch, cache: PagedKvCache,
-                states: dict[int, SequenceState]) -> torch.Tensor:
-        """y [T, D] (attn_norm output) → [T, D]. Writes this step's rows/entries into `cache`
-        and advances each sequence's compressor states in `states`."""
+    def forward(self, y: torch.Tensor, batch: StepBatch, cache: PagedKvCache) -> torch.Tensor:
+        """y [T, D] (attn_norm output) → [T, D]. Writes this step's raw rows, compressor rows and
+        completed entries into `cache`."""
         cfg, w, p = self.config, self.w, self.prefix
         positions = batch.positions
         qr, q, kv = self._queries_and_kv(y, positions)
@@ -111,19 +108,18 @@ class AttentionLayer:
         out = torch.empty_like(q)
         for chunk in batch.chunks:
             rows = chunk.rows
-            state = states.setdefault(chunk.seq_id, {})
             window_keys, window_mask = self._window(chunk, kv[rows], cache)
             n_rows = window_keys.shape[0]
             cmp_keys = window_keys.new_zeros(n_rows, 0, cfg.head_dim)
             cmp_counts = torch.zeros(n_rows, dtype=torch.int64, device=q.device)
             if self.kv_spec is not None:
-                entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, state,
-                                         cache, cache.entries[self.layer_id])
+                entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, cache,
+                                         cache.entries[self.layer_id])
                 cmp_counts = (chunk.positions + 1) // self.ratio
                 cmp_keys = entries.expand(n_rows, -1, -1)
                 if self.index_spec is not None:
                     keys = self._compress(self.index_spec, "index", chunk, projected["index"],
-                                          rows, state, cache, cache.index_keys[self.layer_id])
+                                          rows, cache, cache.index_keys[self.layer_id])
                     cmp_keys, cmp_counts = self._select(index_q[rows], index_w[rows], keys,
                                                         entries, cmp_counts)
             out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_counts,
@@ -149,31 +145,35 @@ class AttentionLayer:
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the chunk's raw rows, read back each query's window
         → (keys [L, W, d] for positions t−W+1..t, mask [L, W]: False before position 0)."""
-        table = chunk.window_block_table
-        cache.write_window(self.layer_id, cache.window_slots(table, chunk.positions), kv)
+        table = chunk.block_tables[WINDOW]
+        cache.write_window(self.layer_id, cache.slots(table, chunk.positions), kv)
         window = self.config.sliding_window
         offsets = torch.arange(1 - window, 1, device=kv.device)
         key_pos = chunk.positions[:, None] + offsets[None, :]
         mask = key_pos >= 0
-        slots = cache.window_slots(table, key_pos.clamp(min=0).flatten())
+        slots = cache.slots(table, key_pos.clamp(min=0).flatten())
         keys = cache.read_window(self.layer_id, slots).view(*key_pos.shape, -1)
         return keys.masked_fill(~mask[..., None], 0), mask
 
     def _compress(self, spec: CompressorSpec, name: str, chunk: ChunkRows,
                   projected: tuple[torch.Tensor, torch.Tensor], rows: slice,
-                  state: SequenceState, cache: PagedKvCache, store: torch.Tensor) -> torch.Tensor:
-        """Advance one compressor over the chunk, store new entries → all entries so far."""
-        key = f"{self.layer_id}.{name}"
-        width = projected[0].shape[1]
-        previous = state.get(key) or CompressorState.empty(width, str(projected[0].device))
-        first, raw, state[key] = compressor.pool(spec, previous, projected[0][rows],
-                                                 projected[1][rows], chunk.start_pos)
-        if raw.shape[0]:
+                  cache: PagedKvCache, store: torch.Tensor) -> torch.Tensor:
+        """Store the chunk's compressor rows, pool the entries its tokens complete (reading their
+        rows back, including earlier chunks' or a cached prefix's), store them → all entries so
+        far."""
+        m, key = spec.ratio, (self.layer_id, name)
+        state_table = chunk.block_tables[STATE_GROUPS[m]]
+        entry_table = chunk.block_tables[COMPRESSED]
+        cache.write_rows(key, state_table, chunk.positions, projected[0][rows], projected[1][rows])
+        first, end = chunk.start_pos // m, chunk.end_pos // m
+        if end > first:
+            lookback = m if spec.overlap else 0
+            kv, score = cache.read_rows(key, state_table, first * m - lookback, end * m)
+            raw = compressor.pool(spec, kv, score, end - first)
             entries = compressor.finish(spec, self.w, raw, first, self.inv_freq, store.dtype,
                                         self.config.rms_norm_eps)
-            cache.write_entries(store, chunk.block_table, first, spec.ratio, entries)
-        return cache.read_entries(store, chunk.block_table, chunk.end_pos // spec.ratio,
-                                  spec.ratio)
+            cache.write_entries(store, entry_table, first, m, entries)
+        return cache.read_entries(store, entry_table, end, m)
 
     def _select(self, index_q: torch.Tensor, index_w: torch.Tensor, index_keys: torch.Tensor,
                 entries: torch.Tensor, n_visible: torch.Tensor

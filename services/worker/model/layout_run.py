@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from services.worker.model.collectives import TorchCollectives
+from services.worker.model.kv_cache import PagedKvCache
 from services.worker.model.parallel import ParallelLayout
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
 
@@ -120,12 +121,11 @@ def _serve_partition(layout: ParallelLayout, store_port: int, model_dir: Path,
     blocks_per_seq = math.ceil(longest / workload.block_size)
     runtime = ModelRuntime(RuntimeConfig(
         model_dir=model_dir, dtype=dtype, device="cpu", block_size=workload.block_size,
-        num_blocks=max(1, len(mine)) * blocks_per_seq,
-        num_window_blocks=max(1, len(mine)) * blocks_per_seq), layout, collectives)
+        num_blocks=max(1, len(mine)) * blocks_per_seq), layout, collectives)
     if workload.poison_caches:
-        for tensor in runtime.cache.storage():
+        for tensor in _all_storage(runtime.cache):
             tensor.fill_(float("nan"))
-    schedule = _Schedule(workload, mine, blocks_per_seq)
+    schedule = _Schedule(workload, mine, blocks_per_seq, runtime.cache)
     decode_started, collective_before = 0.0, 0
     for step in range(_steps_needed(workload)):
         if step == _prefill_steps(workload):
@@ -140,10 +140,14 @@ def _serve_partition(layout: ParallelLayout, store_port: int, model_dir: Path,
     outputs = {i: (out.tokens, [row.numpy() for row in out.logits])
                for i, out in schedule.outputs.items()}
     untouched = workload.poison_caches and all(bool(t.isnan().all())
-                                               for t in runtime.cache.storage())
+                                               for t in _all_storage(runtime.cache))
     return {"outputs": outputs, "partition": layout.partition_id, "untouched": untouched,
             "decode_s": time.perf_counter() - decode_started,
             "collective_s": (collectives.elapsed_ns - collective_before) / 1e9}
+
+
+def _all_storage(cache: PagedKvCache) -> list[torch.Tensor]:
+    return [tensor for group in cache.group_windows for tensor in cache.storage(group)]
 
 
 def _prefill_steps(workload: Workload) -> int:
@@ -157,11 +161,13 @@ def _steps_needed(workload: Workload) -> int:
 class _Schedule:
     """One partition's sequences: chunked prefill side by side, then one decode token each."""
 
-    def __init__(self, workload: Workload, prompt_ids: list[int], blocks_per_seq: int) -> None:
+    def __init__(self, workload: Workload, prompt_ids: list[int], blocks_per_seq: int,
+                 cache: PagedKvCache) -> None:
         self.workload = workload
         self.tokens = {i: list(workload.prompts[i]) for i in prompt_ids}
         self.computed = {i: 0 for i in prompt_ids}
-        self.blocks = {i: list(range(k * blocks_per_seq, (k + 1) * blocks_per_seq))
+        self.blocks = {i: cache.same_table_for_every_group(
+                           list(range(k * blocks_per_seq, (k + 1) * blocks_per_seq)))
                        for k, i in enumerate(prompt_ids)}
         self.outputs = {i: PromptOutput([], []) for i in prompt_ids}
 
@@ -173,8 +179,7 @@ class _Schedule:
                 continue
             end = min(len(tokens), start + self.workload.chunk_size)
             chunks.append(SequenceChunk(seq_id=i, start_pos=start, token_ids=tokens[start:end],
-                                        block_table=self.blocks[i],
-                                        window_block_table=self.blocks[i],
+                                        block_tables=self.blocks[i],
                                         sample=end == len(tokens)))
         return chunks
 

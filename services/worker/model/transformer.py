@@ -8,7 +8,7 @@ import torch
 
 from services.worker.model import hyper_connections as mhc
 from services.worker.model import numerics
-from services.worker.model.attention import AttentionLayer, SequenceState
+from services.worker.model.attention import AttentionLayer
 from services.worker.model.batch import StepBatch
 from services.worker.model.collectives import Collectives, LocalCollectives
 from services.worker.model.config import ModelConfig
@@ -44,28 +44,27 @@ class DeepseekV4:
         """ids [T] → [T, D] in the compute dtype."""
         return self.w["embed.weight"][token_ids]
 
-    def block(self, layer_id: int, h: torch.Tensor, batch: StepBatch, cache: PagedKvCache,
-              states: dict[int, SequenceState]) -> torch.Tensor:
+    def block(self, layer_id: int, h: torch.Tensor, batch: StepBatch, cache: PagedKvCache
+              ) -> torch.Tensor:
         """h [T, hc, D] → [T, hc, D]."""
         cfg, w = self.config, self.w
         prefix = self.block_prefix(layer_id)
         iters, hc_eps, eps = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
         y, post, comb = mhc.hc_pre(h, w.hc(prefix, "attn"), iters, hc_eps, eps)
         y = numerics.rms_norm(y, w[prefix + "attn_norm.weight"], eps)
-        h = mhc.hc_post(self.attention[layer_id].forward(y, batch, cache, states), h, post, comb)
+        h = mhc.hc_post(self.attention[layer_id].forward(y, batch, cache), h, post, comb)
         y, post, comb = mhc.hc_pre(h, w.hc(prefix, "ffn"), iters, hc_eps, eps)
         y = numerics.rms_norm(y, w[prefix + "ffn_norm.weight"], eps)
         ffn = self.moe[layer_id].forward(y, batch.token_ids)
         return mhc.hc_post(ffn, h, post, comb)
 
-    def forward_hidden(self, batch: StepBatch, cache: PagedKvCache,
-                       states: dict[int, SequenceState]) -> torch.Tensor:
+    def forward_hidden(self, batch: StepBatch, cache: PagedKvCache) -> torch.Tensor:
         """All main layers → the last layer's hc streams [T, hc, D]. Every rank of an EP group runs
         it every step, with zero rows when its partition has none (see collectives.py)."""
         self.collectives.begin_step(batch.token_ids.shape[0])
         h = self.embed(batch.token_ids).unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         for layer_id in range(self.config.num_hidden_layers):
-            h = self.block(layer_id, h, batch, cache, states)
+            h = self.block(layer_id, h, batch, cache)
         return h
 
     def logits(self, h: torch.Tensor, prefix: str = "") -> torch.Tensor:
@@ -76,8 +75,7 @@ class DeepseekV4:
         return numerics.wide_linear(y.float(), self.w["head.weight"])
 
     def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor, batch: StepBatch,
-                    cache: PagedKvCache, states: dict[int, SequenceState], mtp_index: int = 0
-                    ) -> torch.Tensor:
+                    cache: PagedKvCache, mtp_index: int = 0) -> torch.Tensor:
         """MTP block on the main model's last-layer streams h [T, hc, D] and the ids of the
         following tokens `next_ids` [T] → its own last-layer streams [T, hc, D].
 
@@ -91,4 +89,4 @@ class DeepseekV4:
         x = numerics.rms_norm(h, w[prefix + "hnorm.weight"], cfg.rms_norm_eps)
         x = numerics.linear(e, w[prefix + "e_proj.weight"]).unsqueeze(1) + numerics.linear(
             x, w[prefix + "h_proj.weight"])
-        return self.block(cfg.num_hidden_layers + mtp_index, x, batch, cache, states)
+        return self.block(cfg.num_hidden_layers + mtp_index, x, batch, cache)
