@@ -13,10 +13,10 @@ from services.worker.model.checkpoint_specs import expected_tensors
 from services.worker.model.config import ConfigError, ModelConfig
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark import DSparkDrafter
-from services.worker.model.parallel import ParallelLayout
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
 from services.worker.model.tiny_checkpoint import preset_config, write_tiny_checkpoint
 from tests.worker import dspark_reference
+from tests.worker.dspark_ranks import draft_on_layout
 
 BLOCK_SIZE = 16
 
@@ -138,11 +138,6 @@ def test_dspark_fields_on_a_checkpoint_without_the_draft_name_the_field(
         DSparkDrafter(load(tiny_model_dir).model)
 
 
-def test_the_drafter_refuses_a_sharded_layout(runtime: ModelRuntime) -> None:
-    with pytest.raises(ConfigError, match="--tp 2"):
-        DSparkDrafter(runtime.model, ParallelLayout(rank=0, dp=1, tp=2, ep=1))
-
-
 def test_tiny_dspark_target_is_byte_identical_to_tiny_a(dspark_dir: Path,
                                                         tiny_model_dir: Path) -> None:
     with safe_open(str(dspark_dir / "model.safetensors"), "pt") as draft, \
@@ -207,6 +202,16 @@ def test_a_large_markov_head_chains_its_choices_left_to_right(dspark_dir: Path) 
         w2[nxt, step] = 1e4
     drafter, _, _ = observed(runtime, 6, list(range(40, 60)), 20)
     assert drafter.propose([DraftRequest(6, anchor, 20, 4)])[0].tokens == chain
+
+
+def test_a_sharded_layout_drafts_what_one_rank_drafts_while_a_partition_idles(
+        runtime: ModelRuntime, dspark_dir: Path) -> None:
+    """dp 2 × tp 2, ep 4: heads split over the TP pair, experts over all four ranks; partition 1
+    has no sequence and joins the expert exchange with no rows."""
+    prompt = [(7 * i) % 3000 + 5 for i in range(21)]
+    drafter, _, anchor = observed(runtime, 12, prompt, 32)
+    alone = drafter.propose([DraftRequest(12, anchor, len(prompt), 5)])[0]
+    assert_same_draft(draft_on_layout(dspark_dir, 2, 2, 4, prompt, 5), alone)
 
 
 # ---- state --------------------------------------------------------------------------------------

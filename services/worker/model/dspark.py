@@ -1,7 +1,7 @@
 """`DSparkDrafter`: the DSpark draft of a loaded checkpoint behind the `Drafter` interface.
 
 It lives in the rank process beside `ModelRuntime` and computes with the runtime's own model
-(`DSparkDrafter(runtime.model, layout)`): the draft stages are the checkpoint's `mtp.s.` blocks,
+(`DSparkDrafter(runtime.model)`): the draft stages are the checkpoint's `mtp.s.` blocks,
 the embedding and head are the target's. The worker calls `observe` with the tap-layer outputs of
 every committed position (`ModelRuntime.step(..., return_taps=drafter.tap_layer_ids)`), `propose`
 before a verify step, and `release` on every exit path of a sequence.
@@ -20,7 +20,6 @@ import torch
 from services.worker.model.config import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
-from services.worker.model.parallel import ParallelLayout
 from services.worker.model.transformer import DeepseekV4
 
 
@@ -39,18 +38,19 @@ class _Window:
 class DSparkDrafter:
     """Implements `drafter.Drafter` with a DSpark checkpoint's draft stages.
 
-    Single-rank layouts only (tp = ep = 1; any dp): the stages' attention and MoE would need the
-    target's TP/EP collectives in lockstep on every rank, which the drafter does not run yet.
+    Sharded layouts: the stages hold the rank's share like the target's blocks (heads by TP rank,
+    experts by EP rank; `main_proj` and the heads whole) and run the model's collectives. So every
+    rank of a TP group must call `propose` with the same requests, and every rank of an EP group
+    must call it in the same steps — with no requests when its partition drafts nothing, exactly
+    as `ModelRuntime.step` runs with no rows. `observe` and `release` are rank-local.
     """
 
-    def __init__(self, model: DeepseekV4, layout: ParallelLayout = ParallelLayout()):
+    def __init__(self, model: DeepseekV4):
         config = model.config
         if not config.has_dspark:
             raise ConfigError("dspark_target_layer_ids: the checkpoint's config.json has no DSpark "
                               "draft (dspark_* fields and mtp.N stages); DSpark cannot run on it")
-        if layout.tp > 1 or layout.ep > 1:
-            raise ConfigError(f"the DSpark drafter runs on single-rank layouts only (--tp 1 "
-                              f"--ep 1), got --tp {layout.tp} --ep {layout.ep}")
+        self._lockstep = model.collectives.expert_parallel
         self.tap_layer_ids: tuple[int, ...] = config.dspark_target_layer_ids
         self.window_size = config.sliding_window
         self._net = DSparkNetwork(model)
@@ -96,8 +96,9 @@ class DSparkDrafter:
         return _Window(held.start + drop, kv[:, drop:].clone())
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
-        """One batched draft pass over every request's block."""
-        if not requests:
+        """One batched draft pass over every request's block (a zero-row pass joining the
+        expert collectives when there is none and the layout is expert-parallel)."""
+        if not requests and not self._lockstep:
             return []
         blocks = [self._block(request) for request in requests]
         with torch.inference_mode():

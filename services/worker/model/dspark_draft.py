@@ -82,6 +82,8 @@ class DSparkNetwork:
             h = self.model.block_with(
                 layer_id, h, tokens,
                 lambda y, s=stage: self._attention(s, y, positions, blocks, rows))
+        if not blocks:  # an idle rank that joined the collectives
+            return []
         x = self.model.collapse(h, self.last)
         base = self.model.head_logits(x, self.last)
         return self._heads(blocks, rows, base, x)
