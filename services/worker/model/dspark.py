@@ -120,9 +120,10 @@ class DSparkDrafter:
         held = self.context_positions(seq)
         if pos < 0 or (pos > 0 and (window is None or window.end != pos
                                     or window.start > max(0, pos - self.window_size))):
+            holds = f"{held.start}..{held.stop - 1}" if held else "none"
             raise ValueError(f"sequence {seq}: drafting at position {pos} needs the observed "
                              f"positions {max(0, pos - self.window_size)}..{pos - 1}, "
-                             f"held {held.start}..{held.stop - 1}")
+                             f"held: {holds}")
         context = (window.kv if window is not None and pos > 0
                    else self._net.empty_context())
         return DraftBlock(request.anchor_token, pos, request.num_drafts, context)
