@@ -63,6 +63,9 @@ class StepOutput:
     errors: list[Optional[str]] = field(default_factory=list)
     # Per chunk: last-layer hc streams [len, hc, D] (return_hidden; the MTP block's input).
     hidden: list[Optional[torch.Tensor]] = field(default_factory=list)
+    # Per chunk: the `return_taps` layers' outputs averaged over the hc copies
+    # [len, len(return_taps), D] (a drafter's `observe` input); None when no layer is tapped.
+    taps: list[Optional[torch.Tensor]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -101,21 +104,24 @@ class ModelRuntime:
                                   cfg.dtype, cfg.device)
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False,
-             return_hidden: bool = False) -> StepOutput:
+             return_hidden: bool = False, return_taps: tuple[int, ...] = ()) -> StepOutput:
         """Run one forward over every chunk; sample the last position of chunks with `sample`.
+        `return_taps`: main layer ids whose outputs come back per chunk (`StepOutput.taps`).
 
         Raises ValueError for a malformed step (a sequence twice, a block table missing, too
         short or holding an id outside the pool where the chunk reads or writes); caches are
         untouched then.
         """
         if not chunks and not self._collectives.expert_parallel:
-            return StepOutput(sampled=[], logits=[], errors=[], hidden=[])
+            return StepOutput(sampled=[], logits=[], errors=[], hidden=[], taps=[])
         self._check(chunks)
         with torch.inference_mode():
             batch = build_batch([(c.seq_id, c.start_pos, c.token_ids, c.block_tables)
                                  for c in chunks], self.cfg.device)
-            hidden = self.model.forward_hidden(batch, self.cache)
-            return self._outputs(chunks, batch, hidden, return_logits, return_hidden)
+            hidden, taps = self.model.forward_hidden(batch, self.cache, return_taps)
+            out = self._outputs(chunks, batch, hidden, return_logits, return_hidden)
+            out.taps = [None if taps is None else taps[rows.rows] for rows in batch.chunks]
+            return out
 
     def _outputs(self, chunks: list[SequenceChunk], batch: StepBatch, hidden: torch.Tensor,
                  return_logits: bool, return_hidden: bool) -> StepOutput:
