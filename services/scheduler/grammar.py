@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -116,8 +115,7 @@ class GrammarService:
         self._compile_total_s = 0.0
         self._compile_max_s = 0.0
         self._tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-        self._token_texts: Optional[TokenTexts] = None   # built with the first lifted grammar
-        self._token_texts_lock = threading.Lock()
+        self._token_texts: Optional[TokenTexts] = None   # set with the compiler
         self._compiler = self._make_compiler(threads) if self._xgr is not None else None
 
     @property
@@ -162,7 +160,6 @@ class GrammarService:
         assert self._xgr is not None
         guard = None
         if compiled.lifted.max_chars:
-            assert self._token_texts is not None   # built by the compile that lifted them
             guard = LengthGuard(compiled.lifted.max_chars, compiled.lifted.invoke_names,
                                 self._token_texts)
         self.live_matchers += 1
@@ -181,12 +178,13 @@ class GrammarService:
                 encoded[token_id] = text
         info = xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=self.vocab_size,
                                  stop_token_ids=[self.eos_token_id], add_prefix_space=False)
+        # For the raw-string length guard (~0.2 s here, once, rather than in a request's compile).
+        self._token_texts = TokenTexts(info.decoded_vocab, self.vocab_size)
         # Our own cache keys on the spec text; XGrammar's would only duplicate it.
         return xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
 
     def _compile_now(self, kind: ConstraintKind, spec: str) -> tuple[CompiledConstraint, float]:
-        """Runs in the pool: (compiled grammar, seconds). Touches no service state but the
-        token texts, built once under their lock."""
+        """Runs in the pool: (compiled grammar, seconds). Touches no service state."""
         started = time.perf_counter()
         lifted = LiftedSpec(spec)
         try:
@@ -199,15 +197,7 @@ class GrammarService:
                     schema, any_whitespace=True, max_whitespace_cnt=JSON_MAX_WHITESPACE)
         except Exception as exc:  # XGrammar raises RuntimeError/ValueError/pydantic errors
             raise GrammarCompileError(f"grammar compile failed: {_first_line(exc)}") from exc
-        if lifted.max_chars:
-            self._ensure_token_texts(compiled)
         return CompiledConstraint(compiled, lifted), time.perf_counter() - started
-
-    def _ensure_token_texts(self, compiled: Any) -> None:
-        with self._token_texts_lock:
-            if self._token_texts is None:   # ~0.4 s once: every token's bytes and value length
-                self._token_texts = TokenTexts(compiled.tokenizer_info.decoded_vocab,
-                                               self.vocab_size)
 
     def _store(self, key: tuple[int, str], done: asyncio.Future) -> None:
         """On the event loop when a compile ends: caches it and counts its time."""
