@@ -229,6 +229,10 @@ class RequestMatcher:
                  guard: Optional[LengthGuard] = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._guard = guard
+        # Allowed-token count of the bitmask buffer while it holds the current position's mask:
+        # the fill at the end of `forced_tokens` is the next step's mask (one XGrammar fill per
+        # row and step instead of two).
+        self._filled_count: Optional[int] = None
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
@@ -246,6 +250,7 @@ class RequestMatcher:
             return False
         if not self._matcher.accept_token(token_id):
             return False
+        self._filled_count = None
         if self._guard is not None:
             self._guard.advance(token_id)
         return True
@@ -253,6 +258,7 @@ class RequestMatcher:
     def rollback(self, num_tokens: int) -> None:
         """Undoes the last `num_tokens` accepted tokens (forced ones included)."""
         self._matcher.rollback(num_tokens)
+        self._filled_count = None
         if self._guard is not None:
             self._guard.rollback(num_tokens)
 
@@ -301,10 +307,12 @@ class RequestMatcher:
 
     def _fill_mask(self) -> int:
         """Fills the bitmask buffer for the next position; returns the number of allowed tokens."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        if self._guard is not None:
-            self._guard.restrict(self._words())
-        return int(np.bitwise_count(self._words()).sum())
+        if self._filled_count is None:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            if self._guard is not None:
+                self._guard.restrict(self._words())
+            self._filled_count = int(np.bitwise_count(self._words()).sum())
+        return self._filled_count
 
     def _allowed_ids(self) -> np.ndarray:
         """Allowed token ids (ascending) of the filled bitmask."""
