@@ -256,11 +256,12 @@ class RequestMatcher:
         return True
 
     def rollback(self, num_tokens: int) -> None:
-        """Undoes the last `num_tokens` accepted tokens (forced ones included)."""
-        self._matcher.rollback(num_tokens)
-        self._filled_count = None
+        """Undoes the last `num_tokens` accepted tokens (forced ones included); with a length
+        guard at most its MAX_ROLLBACK_TOKENS (checked before anything changes)."""
         if self._guard is not None:
             self._guard.rollback(num_tokens)
+        self._matcher.rollback(num_tokens)
+        self._filled_count = None
 
     def forced_tokens(self, limit: int) -> list[int]:
         """Tokens the grammar forces next, already accepted (EOS is never forced).

