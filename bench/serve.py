@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.serve_figures import format_level, plot_sweep, summarize  # noqa: E402
 from bench.serve_requests import (PlannedRequest, RequestRecord, Workload,  # noqa: E402
                                   plan_requests, run_request)
+from services.common.cli_values import positive_int  # noqa: E402
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -49,11 +50,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="closed-loop sweep: requests in flight per level (default 1,4,16,64)")
     sweep.add_argument("--request-rate", type=_rates, default=None,
                        help="open-loop sweep: Poisson arrivals, requests/s per level")
-    parser.add_argument("--num-prompts", type=_positive, default=64, help="requests per level")
+    parser.add_argument("--num-prompts", type=positive_int, default=64, help="requests per level")
     parser.add_argument("--constrained-share", type=_share, default=0.5)
-    parser.add_argument("--prompt-len", type=_positive, default=128, help="prompt words (≈ tokens)")
+    parser.add_argument("--prompt-len", type=positive_int, default=128, help="prompt words (≈ tokens)")
     parser.add_argument("--prompt-len-range", type=_share, default=0.5)
-    parser.add_argument("--output-len", type=_positive, default=64, help="max_tokens")
+    parser.add_argument("--output-len", type=positive_int, default=64, help="max_tokens")
     parser.add_argument("--output-len-range", type=_share, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-serve"),
@@ -65,13 +66,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _share(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -80,7 +74,7 @@ def _share(text: str) -> float:
 
 
 def _counts(text: str) -> list[int]:
-    return [_positive(part) for part in text.split(",")]
+    return [positive_int(part) for part in text.split(",")]
 
 
 def _rates(text: str) -> list[float]:
