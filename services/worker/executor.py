@@ -26,6 +26,7 @@ import torch
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
                                               StepPlan, StepResult, TokenMask)
 from services.worker.model.runtime import SequenceChunk, StepOutput
+from services.worker.model.verification import sampled_offsets
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,19 @@ class StepRuntime(Protocol):
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput: ...
 
+    def release(self, seq_id: int) -> None: ...
+
 
 class RowError(Exception):
     """One row cannot run; the message goes back in that row's `RowResult.error`."""
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    token: Optional[int]          # the sampled (bonus) token
+    error: Optional[str]
+    num_accepted: int = 0         # draft tokens accepted before it
+    proposals: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -143,15 +154,27 @@ class PartitionExecutor:
                               sample=self._answers)
         self._runtime.step([chunk])
 
-    def _run(self, chunks: list[SequenceChunk]) -> list[tuple[Optional[int], Optional[str]]]:
-        """(sampled token, sampling error) per chunk."""
+    def _run(self, chunks: list[SequenceChunk]) -> list[RowOutcome]:
+        """What the runtime made of each chunk; accepted drafts join the sequence's tokens."""
         output = self._runtime.step(chunks)
-        errors = output.errors or [None] * len(chunks)
-        return list(zip(output.sampled, errors))
+        n = len(chunks)
+        outcomes = [RowOutcome(token, error, accepted, proposals) for token, error, accepted, proposals
+                    in zip(output.sampled, output.errors or [None] * n,
+                           output.num_accepted or [0] * n, output.proposals or [[]] * n)]
+        for chunk, outcome in zip(chunks, outcomes):
+            if chunk.num_drafts and outcome.token is not None:
+                self._commit_drafts(chunk, outcome.num_accepted)
+        return outcomes
+
+    def _commit_drafts(self, chunk: SequenceChunk, num_accepted: int) -> None:
+        state = self._sequences[chunk.seq_id]
+        state.token_ids.extend(chunk.token_ids[chunk.num_known:chunk.num_known + num_accepted])
+        state.num_computed_tokens += num_accepted
 
     def _drop(self, seq_id: int) -> None:
         # Unknown ids are fine: a sequence whose NewSequence was rejected still gets finished.
-        self._sequences.pop(seq_id, None)
+        if self._sequences.pop(seq_id, None) is not None:
+            self._runtime.release(seq_id)
 
     def _admit(self, new_sequences: list[NewSequence]) -> dict[int, str]:
         """Registers new sequences; returns the rejected ones' errors, reported on their rows."""
@@ -212,6 +235,8 @@ class PartitionExecutor:
         self._validate(row, state)
         allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
                             if row.sample and row.mask is not None else (None, None))
+        draft_masks = [decode_token_mask(mask, self._limits.vocab_size)
+                       for mask in row.draft_masks]
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         state.token_ids.extend(row.append_token_ids)
         for blocks in row.new_blocks:
@@ -220,12 +245,15 @@ class PartitionExecutor:
             table.extend(blocks.block_ids)
         state.num_computed_tokens = end
         return SequenceChunk(seq_id=row.seq_id, start_pos=start,
-                             token_ids=state.token_ids[start:end],
+                             token_ids=state.token_ids[start:end] + list(row.draft_token_ids),
                              block_tables={group: list(table)
                                            for group, table in state.block_tables.items()},
                              sample=row.sample and self._answers, allowed_token_ids=allowed,
                              token_bitmask=bitmask,
-                             logit_bias=state.logit_bias if row.sample else None)
+                             logit_bias=state.logit_bias if row.sample else None,
+                             num_drafts=len(row.draft_token_ids),
+                             draft_forced=list(row.draft_forced), draft_masks=draft_masks,
+                             num_proposals=row.num_proposals if self._answers else 0)
 
     def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
@@ -235,6 +263,7 @@ class PartitionExecutor:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
+        self._check_drafts(row)
         known = len(state.token_ids) + len(row.append_token_ids)
         if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
@@ -244,7 +273,24 @@ class PartitionExecutor:
             self._check_new_blocks(blocks, state, new_by_group)
             new_by_group[blocks.group] = blocks
         for group, table in state.block_tables.items():
-            self._check_table_length(group, table, new_by_group.get(group), end)
+            self._check_table_length(group, table, new_by_group.get(group),
+                                     end + len(row.draft_token_ids))
+
+    def _check_drafts(self, row: ScheduledRow) -> None:
+        drafts = row.draft_token_ids
+        self._check_token_ids(drafts, "draft")
+        if drafts and not row.sample:
+            raise RowError(f"row of sequence {row.seq_id} has drafts but does not sample")
+        if row.draft_forced and len(row.draft_forced) != len(drafts):
+            raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_forced)} forced flags "
+                           f"for {len(drafts)} drafts")
+        if row.draft_forced and row.draft_forced[0]:
+            raise RowError(f"row of sequence {row.seq_id}: the first draft cannot be forced")
+        forced = list(row.draft_forced) or [False] * len(drafts)
+        sampled_after_first = len(sampled_offsets(len(drafts), forced)) - 1
+        if row.mask is not None and len(row.draft_masks) != sampled_after_first:
+            raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_masks)} draft masks for "
+                           f"{sampled_after_first} sampled draft positions")
 
     def _check_new_blocks(self, blocks: GroupBlocks, state: SequenceState,
                           seen: dict[str, GroupBlocks]) -> None:
@@ -271,17 +317,20 @@ class PartitionExecutor:
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],
-                     outcomes: Iterator[tuple[Optional[int], Optional[str]]]) -> list[RowResult]:
-        """`outcomes` yields the runtime's (token, error) in chunk order, one per prepared row."""
+                     outcomes: Iterator[RowOutcome]) -> list[RowResult]:
+        """`outcomes` yields the runtime's outcome in chunk order, one per prepared row."""
         results: list[RowResult] = []
         for row, item in zip(rows, prepared):
             if isinstance(item, RowError):
                 results.append(RowResult(row.seq_id, error=str(item)))
                 continue
-            token, error = next(outcomes)
-            if error:
-                results.append(RowResult(row.seq_id, error=error))
+            outcome = next(outcomes)
+            if outcome.error:
+                results.append(RowResult(row.seq_id, error=outcome.error))
             elif row.sample:
-                results.append(RowResult(row.seq_id, sampled_token_id=token) if token is not None
+                results.append(RowResult(row.seq_id, sampled_token_id=outcome.token,
+                                         num_accepted_drafts=outcome.num_accepted,
+                                         proposed_token_ids=tuple(outcome.proposals))
+                               if outcome.token is not None
                                else RowResult(row.seq_id, error="the runtime sampled no token"))
         return results
