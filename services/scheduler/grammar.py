@@ -236,6 +236,10 @@ class RequestMatcher:
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (forced ones included): the draft walk."""
+        self._matcher.rollback(num_tokens)
+
     def release(self) -> None:
         if self._on_release is None:
             return

@@ -36,6 +36,24 @@ def commit_sampled_token(request: Request, token_id: int, limits: StopLimits) ->
                                    f"{request.request_id}: {error}")
 
 
+def commit_verified(request: Request, first_pos: int, token_ids: list[int],
+                    limits: StopLimits) -> CommitOutcome:
+    """Commit a verified window's accepted drafts and bonus token (`token_ids`, the first at
+    position `first_pos`) exactly as greedy decoding would have, one token at a time: a position a
+    forced run already committed must hold the same token, and the first that does not (a forced
+    run the window had to cut) ends the window there."""
+    for offset, token_id in enumerate(token_ids):
+        position = first_pos + offset
+        if position < request.num_tokens:
+            if request.tokens_in_range(position, position + 1) != [token_id]:
+                return CommitOutcome()
+            continue
+        outcome = commit_sampled_token(request, token_id, limits)
+        if outcome.finish is not None or outcome.error is not None:
+            return outcome
+    return CommitOutcome()
+
+
 def _commit(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
     matcher = request.matcher
     if matcher is not None and not matcher.accept(token_id):

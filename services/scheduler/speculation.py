@@ -1,0 +1,92 @@
+"""The scheduler's side of speculative decoding: a sampled row's draft window, and what a verified
+row commits.
+
+A running request whose row samples gets a window of up to K tokens (draft_window.py) when it has
+room for more than one token: `max_tokens` and `max_model_len` bound the window so a full
+acceptance plus the bonus never exceeds them, and the step budget and free blocks bound it too
+(no blocks, no drafts: speculation never preempts anyone). Blocks are allocated K positions past
+the window so a chained drafter (MTP) can page its rows after the last accepted position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.step_descriptors import RowResult, ScheduledRow
+from services.scheduler.draft_window import DraftWindow, build_window
+from services.scheduler.kv_cache import KvCacheManager
+from services.scheduler.requests import Request
+from services.scheduler.token_commit import CommitOutcome, StopLimits, commit_verified
+
+
+@dataclass
+class SpecCounters:
+    """vLLM's spec-decode counters (dsv4serve:spec_decode_*), plus forced drafts."""
+
+    num_drafts: int = 0              # verify rows with at least one drafted token
+    num_draft_tokens: int = 0        # drafted tokens verified
+    num_accepted_tokens: int = 0     # of those, accepted
+    num_forced_tokens: int = 0       # grammar-forced drafts sent
+    accepted_per_pos: list[int] = field(default_factory=list)  # by draft index
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    num_speculative_tokens: int = 0   # K; 0: no speculation
+    grammar_forced_drafts: bool = True
+
+
+def room_for_tokens(request: Request, max_model_len: int) -> int:
+    return min(request.max_tokens - len(request.output_token_ids),
+               max_model_len - request.num_tokens)
+
+
+def plan_window(policy: SpecPolicy, kv: KvCacheManager, request: Request, end: int, budget: int,
+                limits: StopLimits) -> DraftWindow:
+    """The draft window of a row that samples at position `end - 1` (raises what the matcher
+    raises)."""
+    k = policy.num_speculative_tokens
+    max_drafts = min(k, room_for_tokens(request, limits.max_model_len) - 1, budget)
+    if max_drafts > 0 and not kv.can_allocate(request.seq_id, request.partition_id,
+                                              end + max_drafts + k):
+        max_drafts = 0
+    return build_window(request, max_drafts, limits.eos_token_id, policy.grammar_forced_drafts)
+
+
+def blocks_to_allocate(policy: SpecPolicy, kv: KvCacheManager, request: Request, end: int,
+                       window: DraftWindow) -> int:
+    """Positions the row's blocks cover: the window, and K more when they fit."""
+    wanted = end + len(window.token_ids) + policy.num_speculative_tokens
+    if kv.can_allocate(request.seq_id, request.partition_id, wanted):
+        return wanted
+    return end + len(window.token_ids)
+
+
+def commit_verified_row(request: Request, row: ScheduledRow, result: RowResult,
+                        limits: StopLimits, counters: SpecCounters) -> CommitOutcome:
+    """Commit the accepted drafts and the bonus; keep the proposals for the next window."""
+    first_pos = row.num_computed_tokens + row.num_new_tokens
+    accepted = result.num_accepted_drafts
+    _count(request, row, accepted, counters)
+    tokens = list(row.draft_token_ids[:accepted]) + [result.sampled_token_id]
+    outcome = commit_verified(request, first_pos, tokens, limits)
+    request.proposed_token_ids = list(result.proposed_token_ids)
+    request.proposals_from = first_pos + accepted + 1
+    return outcome
+
+
+def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCounters) -> None:
+    forced = list(row.draft_forced) or [False] * len(row.draft_token_ids)
+    drafted = [i for i, is_forced in enumerate(forced) if not is_forced]
+    accepted_drafted = [i for i in drafted if i < accepted]
+    if len(counters.accepted_per_pos) < len(forced):
+        counters.accepted_per_pos.extend([0] * (len(forced) - len(counters.accepted_per_pos)))
+    for i in accepted_drafted:
+        counters.accepted_per_pos[i] += 1
+    counters.num_drafts += bool(drafted)
+    counters.num_draft_tokens += len(drafted)
+    counters.num_accepted_tokens += len(accepted_drafted)
+    counters.num_forced_tokens += sum(forced)
+    request.spec.verify_rows += bool(row.draft_token_ids)
+    request.spec.drafted_tokens += len(drafted)
+    request.spec.accepted_tokens += len(accepted_drafted)
+    request.spec.forced_tokens += sum(forced)
