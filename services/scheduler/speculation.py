@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Optional
+
+from services.common.cli_values import DSPARK_METHOD
+from services.common.config import SchedulerConfig, SpeculativeConfig
 from services.common.step_descriptors import RowResult, ScheduledRow
 from services.scheduler.draft_window import DraftWindow, build_window
 from services.scheduler.kv_cache import KvCacheManager
@@ -33,6 +37,22 @@ class SpecCounters:
 class SpecPolicy:
     num_speculative_tokens: int = 0   # K; 0: no speculation
     grammar_forced_drafts: bool = True
+
+
+# A DSpark drafter rebuilds its context from the target's tap layers over the last sliding window
+# (128 tokens on V4-Flash): a prefix hit leaves at least that many tokens to compute.
+DSPARK_MIN_TOKENS_TO_COMPUTE = 128
+
+
+def spec_policy(config: Optional[SpeculativeConfig]) -> SpecPolicy:
+    return SpecPolicy(config.num_speculative_tokens if config is not None else 0)
+
+
+def prefix_min_tokens(config: SchedulerConfig) -> int:
+    spec = config.speculative
+    if spec is not None and spec.method == DSPARK_METHOD and spec.num_speculative_tokens > 0:
+        return max(config.prefix_min_tokens_to_compute, DSPARK_MIN_TOKENS_TO_COMPUTE)
+    return config.prefix_min_tokens_to_compute
 
 
 def room_for_tokens(request: Request, max_model_len: int) -> int:
