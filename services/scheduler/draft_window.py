@@ -63,7 +63,7 @@ def _until_eos(proposals: list[int], request: Request, eos_token_id: int) -> lis
 def _walk(request: Request, proposals: list[int], max_drafts: int, eos_token_id: int,
           grammar_forced: bool) -> DraftWindow:
     matcher = request.matcher
-    window = DraftWindow(masks=[_mask(matcher)])
+    window = DraftWindow(masks=[matcher_mask(matcher)])
     accepted = 0
     try:
         index = 0
@@ -86,14 +86,15 @@ def _walk(request: Request, proposals: list[int], max_drafts: int, eos_token_id:
                 window.token_ids.extend(forced)
                 window.forced.extend([True] * len(forced))
                 index += len(forced)
-            window.masks.append(_mask(matcher))
+            window.masks.append(matcher_mask(matcher))
     finally:
         if accepted:
             matcher.rollback(accepted)
     return window
 
 
-def _mask(matcher) -> TokenMask:
+def matcher_mask(matcher) -> TokenMask:
+    """The matcher's mask of its next token as a step-descriptor mask."""
     row = matcher.mask()
     if row.allowed_token_ids is not None:
         return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))

@@ -315,7 +315,8 @@ class Scheduler:
         before = len(request.output_token_ids)
         if row.num_proposals or row.draft_token_ids:
             outcome = commit_verified_row(request, row, row_result, self.limits,
-                                          self.counters.spec)
+                                          self.counters.spec,
+                                          self.limits.speculation.grammar_forced_drafts)
         else:
             outcome = commit_sampled_token(request, row_result.sampled_token_id, self.limits)
         self.counters.generation_tokens_total += len(request.output_token_ids) - before

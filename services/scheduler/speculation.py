@@ -36,6 +36,8 @@ class SpecCounters:
 @dataclass(frozen=True)
 class SpecPolicy:
     num_speculative_tokens: int = 0   # K; 0: no speculation
+    # False only in benchmarks: no grammar-forced tokens at all (neither in windows nor after the
+    # sampled token), so the drafter must guess the structure (bench/bench_speculation.py).
     grammar_forced_drafts: bool = True
 
 
@@ -82,13 +84,14 @@ def blocks_to_allocate(policy: SpecPolicy, kv: KvCacheManager, request: Request,
 
 
 def commit_verified_row(request: Request, row: ScheduledRow, result: RowResult,
-                        limits: StopLimits, counters: SpecCounters) -> CommitOutcome:
+                        limits: StopLimits, counters: SpecCounters,
+                        grammar_forced: bool = True) -> CommitOutcome:
     """Commit the accepted drafts and the bonus; keep the proposals for the next window."""
     first_pos = row.num_computed_tokens + row.num_new_tokens
     accepted = result.num_accepted_drafts
     _count(request, row, accepted, counters)
     tokens = list(row.draft_token_ids[:accepted]) + [result.sampled_token_id]
-    outcome = commit_verified(request, first_pos, tokens, limits)
+    outcome = commit_verified(request, first_pos, tokens, limits, grammar_forced)
     request.proposed_token_ids = list(result.proposed_token_ids)
     request.proposals_from = first_pos + accepted + 1
     return outcome

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, TokenMask
-from services.scheduler.draft_window import NO_DRAFTS, DraftWindow
+from services.scheduler.draft_window import NO_DRAFTS, DraftWindow, matcher_mask
 from services.scheduler.kv_cache import KvCacheManager
 from services.scheduler.requests import Request
 
@@ -43,7 +43,4 @@ def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
 
 def grammar_mask(request: Request) -> TokenMask:
     """The matcher's mask of the next token (raises what the matcher raises)."""
-    row = request.matcher.mask()
-    if row.allowed_token_ids is not None:
-        return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
-    return TokenMask(bitmask=bytes(row.bitmask))
+    return matcher_mask(request.matcher)
