@@ -94,6 +94,8 @@ class SpeculativeSimWorker:
         try:
             if matcher is not None:
                 for token in committed[len(request.prompt_token_ids):]:
+                    if matcher.is_terminated():
+                        return []
                     matcher.accept(token)
             tokens = list(committed)
             for _ in range(count):
