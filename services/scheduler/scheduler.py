@@ -21,7 +21,6 @@ import time
 from typing import Callable, Optional, Union
 
 from services.common.step_descriptors import ScheduledRow, StepPlan, StepResult, TokenMask
-from services.scheduler.draft_window import NO_DRAFTS
 from services.scheduler.errors import ErrorKind
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
@@ -30,8 +29,8 @@ from services.scheduler.partitions import PartitionQueues, choose_partition
 from services.scheduler.prefix_cache import PrefixCache, PrefixCachePolicy
 from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReason, Request,
                                          RequestPhase)
-from services.scheduler.speculation import (blocks_to_allocate, commit_verified_row, plan_window,
-                                            room_for_tokens)
+from services.scheduler.speculation import (commit_verified_row, first_row, speculating,
+                                            speculative_row)
 from services.scheduler.step_rows import grammar_mask, new_sequence, scheduled_row
 from services.scheduler.token_commit import commit_sampled_token
 
@@ -198,13 +197,7 @@ class Scheduler:
             queues.waiting.popleft()
             self._start_sequence(queues, request, prefix)
             plan.new_sequences.append(new_sequence(request))
-            end = start + num_new
-            speculating = self._speculating(request, end)
-            plan.rows.append(scheduled_row(
-                self.kv, request, num_new, mask,
-                num_proposals=self.limits.speculation.num_speculative_tokens if speculating else 0,
-                allocate_to=blocks_to_allocate(self.limits.speculation, self.kv, request, end,
-                                               NO_DRAFTS) if speculating else 0))
+            plan.rows.append(first_row(self.limits, self.kv, request, num_new, mask))
             budget -= num_new
         return budget
 
@@ -235,28 +228,19 @@ class Scheduler:
         self._by_seq[seq_id] = request
         queues.running.append(request)
 
-    def _speculating(self, request: Request, end: int) -> bool:
-        """Speculation is on and this row samples with room for more than one token."""
-        return (self.limits.speculation.num_speculative_tokens > 0 and end == request.num_tokens
-                and room_for_tokens(request, self.limits.max_model_len) > 1)
-
     def _row_or_fail(self, request: Request, num_new: int, budget: int) -> Optional[ScheduledRow]:
         """A running request's row (with its draft window when speculating); None when the
         grammar raised (the request failed, the step goes on)."""
         end = request.num_computed_tokens + num_new
-        if not self._speculating(request, end):
+        if not speculating(self.limits, request, end):
             mask = self._mask_or_fail(request, end)
             return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask)
-        policy = self.limits.speculation
         try:
-            window = plan_window(policy, self.kv, request, end, budget - num_new, self.limits)
+            return speculative_row(self.limits, self.kv, request, num_new, budget)
         except Exception as error:  # a grammar bug must not take the batch down
             self.fail(request, ErrorKind.INTERNAL,
                       f"grammar mask failed for request {request.request_id}: {error}")
             return None
-        return scheduled_row(self.kv, request, num_new, window.masks[0] if window.masks else None,
-                             window, policy.num_speculative_tokens,
-                             blocks_to_allocate(policy, self.kv, request, end, window))
 
     def _mask_or_fail(self, request: Request, end: int) -> Union[TokenMask, None, object]:
         """The grammar mask when this row (up to position `end`) samples for a constrained request

@@ -15,10 +15,11 @@ from typing import Optional
 
 from services.common.cli_values import DSPARK_METHOD
 from services.common.config import SchedulerConfig, SpeculativeConfig
-from services.common.step_descriptors import RowResult, ScheduledRow
-from services.scheduler.draft_window import DraftWindow, build_window
+from services.common.step_descriptors import RowResult, ScheduledRow, TokenMask
+from services.scheduler.draft_window import NO_DRAFTS, DraftWindow, build_window
 from services.scheduler.kv_cache import KvCacheManager
 from services.scheduler.requests import Request
+from services.scheduler.step_rows import scheduled_row
 from services.scheduler.token_commit import CommitOutcome, StopLimits, commit_verified
 
 
@@ -60,6 +61,34 @@ def prefix_min_tokens(config: SchedulerConfig) -> int:
 def room_for_tokens(request: Request, max_model_len: int) -> int:
     return min(request.max_tokens - len(request.output_token_ids),
                max_model_len - request.num_tokens)
+
+
+def speculating(limits, request: Request, end: int) -> bool:
+    """Speculation is on and a row ending at `end` samples with room for more than one token."""
+    return (limits.speculation.num_speculative_tokens > 0 and end == request.num_tokens
+            and room_for_tokens(request, limits.max_model_len) > 1)
+
+
+def first_row(limits, kv: KvCacheManager, request: Request, num_new: int,
+              mask: Optional[TokenMask]) -> ScheduledRow:
+    """A new sequence's first row: no drafts yet, proposals when it samples."""
+    end = request.num_computed_tokens + num_new
+    if not speculating(limits, request, end):
+        return scheduled_row(kv, request, num_new, mask)
+    policy = limits.speculation
+    return scheduled_row(kv, request, num_new, mask, num_proposals=policy.num_speculative_tokens,
+                         allocate_to=blocks_to_allocate(policy, kv, request, end, NO_DRAFTS))
+
+
+def speculative_row(limits, kv: KvCacheManager, request: Request, num_new: int, budget: int
+                    ) -> ScheduledRow:
+    """A sampled row with its draft window (raises what the matcher raises)."""
+    policy = limits.speculation
+    end = request.num_computed_tokens + num_new
+    window = plan_window(policy, kv, request, end, budget - num_new, limits)
+    return scheduled_row(kv, request, num_new, window.masks[0] if window.masks else None, window,
+                         policy.num_speculative_tokens,
+                         blocks_to_allocate(policy, kv, request, end, window))
 
 
 def plan_window(policy: SpecPolicy, kv: KvCacheManager, request: Request, end: int, budget: int,

@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol, Union
 
-import numpy as np
 import torch
 
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
-                                              StepPlan, StepResult, TokenMask)
+                                              StepPlan, StepResult)
 from services.worker.model.runtime import SequenceChunk, StepOutput
-from services.worker.model.verification import sampled_offsets
+from services.worker.row_masks import RowError, check_drafts, decode_token_mask
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,6 @@ class StepRuntime(Protocol):
     def release(self, seq_id: int) -> None: ...
 
 
-class RowError(Exception):
-    """One row cannot run; the message goes back in that row's `RowResult.error`."""
-
-
 @dataclass(frozen=True)
 class RowOutcome:
     token: Optional[int]          # the sampled (bonus) token
@@ -66,40 +61,6 @@ class SequenceState:
     num_computed_tokens: int
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-
-
-def decode_token_mask(
-    mask: TokenMask, vocab_size: int
-) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Returns `(allowed_token_ids int64 [n], None)` or `(None, token_bitmask int32 [ceil(V/32)])`.
-
-    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the
-    vocabulary, or the mask allows no token at all.
-    """
-    if mask.allowed_token_ids and mask.bitmask:
-        raise RowError("token mask sets both allowed_token_ids and bitmask")
-    if mask.bitmask:
-        return None, _decode_bitmask(mask.bitmask, vocab_size)
-    if not mask.allowed_token_ids:
-        raise RowError("token mask allows no token")
-    largest = max(mask.allowed_token_ids)
-    if largest >= vocab_size:
-        raise RowError(f"token mask allows id {largest}, vocabulary has {vocab_size} tokens")
-    return torch.tensor(mask.allowed_token_ids, dtype=torch.int64), None
-
-
-def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
-    num_words = (vocab_size + 31) // 32
-    if len(data) != 4 * num_words:
-        raise RowError(f"token bitmask has {len(data)} bytes, expected {4 * num_words} "
-                       f"(ceil({vocab_size}/32) int32 words)")
-    words = np.frombuffer(data, dtype="<i4").astype(np.int32)
-    # Bits past the vocabulary in the last word allow nothing real.
-    tail_bits = vocab_size - 32 * (num_words - 1)
-    last_word = int(words[-1]) & ((1 << tail_bits) - 1)
-    if last_word == 0 and not words[:-1].any():
-        raise RowError("token mask allows no token")
-    return torch.from_numpy(words)
 
 
 class PartitionExecutor:
@@ -263,7 +224,8 @@ class PartitionExecutor:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
-        self._check_drafts(row)
+        self._check_token_ids(row.draft_token_ids, "draft")
+        check_drafts(row)
         known = len(state.token_ids) + len(row.append_token_ids)
         if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
@@ -275,22 +237,6 @@ class PartitionExecutor:
         for group, table in state.block_tables.items():
             self._check_table_length(group, table, new_by_group.get(group),
                                      end + len(row.draft_token_ids))
-
-    def _check_drafts(self, row: ScheduledRow) -> None:
-        drafts = row.draft_token_ids
-        self._check_token_ids(drafts, "draft")
-        if drafts and not row.sample:
-            raise RowError(f"row of sequence {row.seq_id} has drafts but does not sample")
-        if row.draft_forced and len(row.draft_forced) != len(drafts):
-            raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_forced)} forced flags "
-                           f"for {len(drafts)} drafts")
-        if row.draft_forced and row.draft_forced[0]:
-            raise RowError(f"row of sequence {row.seq_id}: the first draft cannot be forced")
-        forced = list(row.draft_forced) or [False] * len(drafts)
-        sampled_after_first = len(sampled_offsets(len(drafts), forced)) - 1
-        if row.mask is not None and len(row.draft_masks) != sampled_after_first:
-            raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_masks)} draft masks for "
-                           f"{sampled_after_first} sampled draft positions")
 
     def _check_new_blocks(self, blocks: GroupBlocks, state: SequenceState,
                           seen: dict[str, GroupBlocks]) -> None:

@@ -191,3 +191,15 @@ def test_window_is_cut_at_the_first_token_the_grammar_refuses(grammar, tool_gram
     request.proposed_token_ids, request.proposals_from = [5, 6, 7], request.num_tokens
     assert build_window(request, K, EOS_TOKEN_ID).token_ids == []
     request.release_matcher()
+
+
+@pytest.mark.parametrize("method, k, expected", [("dspark", 7, 128), ("dspark", 0, 1),
+                                                 ("mtp", 3, 1)])
+def test_dspark_prefix_hits_leave_128_tokens_to_compute(method, k, expected):
+    """The DSpark drafter rebuilds its context from the target's taps over the last window."""
+    from services.common.config import SchedulerConfig, SpeculativeConfig
+    from services.scheduler.speculation import prefix_min_tokens
+
+    config = SchedulerConfig(model_dir=Path("/m"), served_model_name="m", worker_addresses=(),
+                             speculative=SpeculativeConfig(method, k))
+    assert prefix_min_tokens(config) == expected
