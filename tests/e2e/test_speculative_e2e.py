@@ -5,7 +5,7 @@ One speculative stack; the session stack (K=0) is the reference. Cases are combi
 concurrent batches: plain chat, thinking, constrained `required` / named / `auto`+strict tools
 (streamed and not), `response_format`, stop strings, a `max_tokens` cut inside a draft window,
 prompts longer than one chunk (64-token chunks here), EOS steered into the drafts by `logit_bias`,
-and 16 concurrent requests.
+16 concurrent requests, and an abort storm of 200 constrained requests.
 """
 from __future__ import annotations
 
@@ -13,13 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
+import asyncio
+
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import RunningStack, launch_stack
-from tests.e2e.helpers import is_idle, scheduler_state, steering_bias, wait_for
+from tests.e2e.helpers import describe_usage, is_idle, scheduler_state, steering_bias, wait_for
+from tests.e2e.scheduler_calls import Call, cancelled_streams, random_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +123,15 @@ def test_sixteen_concurrent_speculative_requests_give_the_target_only_tokens(sta
     assert outcomes(speculative, cases) == outcomes(stack, cases)
     assert wait_for(lambda: is_idle(scheduler_state(speculative.scheduler_address)), 60)
     assert scheduler_state(speculative.scheduler_address).num_live_draft_states == 0
+
+
+def test_abort_storm_of_speculative_constrained_requests_leaves_nothing(speculative):
+    """200 constrained requests cancelled at random points (before admission, mid-grammar,
+    mid-window): no matcher, no draft state, every block free or evictable."""
+    calls = [Call(f"spec-storm-{i}", random_prompt(90_000 + i, 12), 60, constrained=True)
+             for i in range(200)]
+    asyncio.run(cancelled_streams(speculative.scheduler_address, calls, seed=11))
+    state = wait_for(lambda: (s := scheduler_state(speculative.scheduler_address)) and is_idle(s)
+                     and s, 60)
+    assert state, describe_usage(scheduler_state(speculative.scheduler_address))
+    assert state.num_live_matchers == 0 and state.num_live_draft_states == 0
