@@ -151,7 +151,8 @@ class ModelRuntime:
         tap_layer_ids = self.drafter.tap_layer_ids if self.drafter is not None else ()
         if not tap_layer_ids:
             return self.model.forward_hidden(batch, self.cache), None
-        return self.model.forward_hidden(batch, self.cache, tap_layer_ids=tap_layer_ids)
+        # forward_hidden with tap layers → (hidden streams, taps [T, len(tap_layer_ids), D]).
+        return self.model.forward_hidden(batch, self.cache, tap_layer_ids)
 
     def release(self, seq_id: int) -> None:
         """The sequence is gone: the drafter drops what it keeps for it."""
