@@ -37,7 +37,7 @@ def aligned_proposals(request: Request) -> list[int]:
     """The stored proposals for positions from `request.num_tokens` on ([] when misaligned)."""
     skip = request.num_tokens - request.proposals_from
     proposals = request.proposed_token_ids
-    if skip < 0 or request.tokens_in_range(request.proposals_from, request.num_tokens) \
+    if not proposals or skip < 0 or request.tokens_in_range(request.proposals_from, request.num_tokens) \
             != proposals[:skip]:
         return []
     return proposals[skip:]
