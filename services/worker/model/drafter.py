@@ -9,7 +9,7 @@ it keeps for a sequence on every exit path (finish, abort, preemption).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -38,3 +38,15 @@ class Drafter(Protocol):
     def propose(self, requests: list[DraftRequest]) -> list[Draft]: ...
 
     def release(self, seq_id: int) -> None: ...
+
+
+@runtime_checkable
+class StreamDrafter(Drafter, Protocol):
+    """A drafter that reads the target's last-layer hc streams and the paged caches (MTP): the
+    runtime calls `observe_streams` instead of `observe`."""
+
+    def observe_streams(self, seq_id: int, start_pos: int, streams: torch.Tensor,
+                        token_ids: list[int], block_tables: dict[str, list[int]]) -> None:
+        """Committed tokens only: streams [n, hc, D] of positions start_pos .. start_pos+n-1 and
+        the tokens at those positions; `block_tables` the sequence's (the drafter may page its own
+        cache with them)."""
