@@ -47,6 +47,18 @@ def speculative(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     yield from launch_stack(tiny_model_dir, tmp_path_factory.mktemp("spec"), request, flags)
 
 
+@pytest.fixture(scope="module")
+def dspark_stack(tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """DSpark K=7 on tiny-dspark, whose target is tiny-a byte for byte (its draft is random)."""
+    from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
+
+    model_dir = tmp_path_factory.mktemp("tiny-dspark")
+    write_tiny_checkpoint(model_dir, preset="tiny-dspark", seed=1)
+    flags = ("--speculative-config", '{"method":"dspark","num_speculative_tokens":7}')
+    yield from launch_stack(model_dir, tmp_path_factory.mktemp("dspark"), request, flags)
+
+
 def client_of(stack: RunningStack) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", timeout=300,
                          max_retries=0, http_client=httpx.Client(trust_env=False, timeout=300))
@@ -114,6 +126,15 @@ def test_speculative_stack_gives_the_target_only_tokens(stack, speculative, tiny
     assert any(r[2] for r in reference), "some constrained case must end in a tool call"
     assert metric(speculative, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
     assert metric(speculative, "dsv4serve:spec_decode_num_accepted_tokens_total") >= 0
+
+
+def test_dspark_stack_gives_the_target_only_tokens(stack, dspark_stack, tiny_model_dir):
+    chosen = bodies(stack.served_model_name, steering_bias(tiny_model_dir))
+    cases = [(body, stream) for body, stream in zip(chosen[:7], (False, True) * 4)]
+    assert outcomes(dspark_stack, cases) == outcomes(stack, cases)
+    assert metric(dspark_stack, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
+    assert wait_for(lambda: is_idle(scheduler_state(dspark_stack.scheduler_address)), 60)
+    assert scheduler_state(dspark_stack.scheduler_address).num_live_draft_states == 0
 
 
 def test_sixteen_concurrent_speculative_requests_give_the_target_only_tokens(stack, speculative):

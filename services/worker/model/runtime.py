@@ -147,8 +147,7 @@ class ModelRuntime:
             hidden, taps = self.model.forward_hidden(batch, self.cache,
                                                      return_taps or self._drafter_taps())
             out = self._outputs(chunks, batch, hidden, return_logits, return_hidden)
-            if return_taps:
-                out.taps = [taps[rows.rows] for rows in batch.chunks]
+            out.taps = [taps[rows.rows] if return_taps else None for rows in batch.chunks]
             if self.drafter is not None:
                 run_drafter(self.drafter, chunks, batch, hidden, taps, out)
             return out
