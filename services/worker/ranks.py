@@ -66,7 +66,7 @@ class ModelRuntimeFactory:
             model_dir=spec.model_dir, dtype=getattr(torch, spec.dtype), device=spec.device,
             block_size=spec.limits.block_size, num_blocks=spec.limits.num_blocks),
             spec.layout, collectives)
-        runtime.drafter = make_drafter(spec.speculative, runtime, spec.layout)
+        runtime.drafter = make_drafter(spec.speculative, runtime)
         return runtime
 
 

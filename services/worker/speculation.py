@@ -14,7 +14,6 @@ from services.common.cli_values import DSPARK_METHOD, MTP_METHOD
 from services.common.config import SpeculativeConfig, TopologyConfig
 from services.worker.model.config import ModelConfig
 from services.worker.model.drafter import Drafter
-from services.worker.model.parallel import ParallelLayout
 
 
 class SpeculationError(ValueError):
@@ -41,8 +40,7 @@ def check_speculation(spec: Optional[SpeculativeConfig], model: ModelConfig,
                                f"{', its mtp blocks are DSpark stages' if has_dspark else ''})")
 
 
-def make_drafter(spec: Optional[SpeculativeConfig], runtime, layout: ParallelLayout
-                 ) -> Optional[Drafter]:
+def make_drafter(spec: Optional[SpeculativeConfig], runtime) -> Optional[Drafter]:
     """The drafter of a loaded runtime (None: no speculation)."""
     if spec is None or spec.num_speculative_tokens == 0:
         return None
@@ -53,4 +51,4 @@ def make_drafter(spec: Optional[SpeculativeConfig], runtime, layout: ParallelLay
         return MtpDrafter(runtime.model, cfg.block_size, cfg.num_blocks, cfg.dtype, cfg.device)
     from services.worker.model.dspark import DSparkDrafter  # the DSpark draft (issue 11)
 
-    return DSparkDrafter(runtime.model, layout)
+    return DSparkDrafter(runtime.model)
