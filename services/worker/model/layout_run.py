@@ -71,8 +71,8 @@ def run_layout(model_dir: Path, dp: int, tp: int, ep: int, workload: Workload,
     for process in processes:
         process.start()
     try:
-        reports = [_receive(pipes[rank][0], processes)
-                   for rank in range(world) if ParallelLayout(rank, dp, tp, ep).leads_partition]
+        reports = _receive_all({rank: pipes[rank][0] for rank in range(world)
+                                if ParallelLayout(rank, dp, tp, ep).leads_partition}, processes)
     finally:
         for process in processes:
             process.join(60)
@@ -89,13 +89,23 @@ def run_layout(model_dir: Path, dp: int, tp: int, ep: int, workload: Workload,
                      frozenset(r["partition"] for r in reports if r["untouched"]))
 
 
-def _receive(conn: Connection, processes: list) -> Any:
-    """A leader's report, or an error naming a rank process that died without one."""
-    while not wait([conn], timeout=1.0):
+def _receive_all(conns: dict[int, Connection], processes: list) -> list[Any]:
+    """The leaders' reports in rank order; at the first error (a report naming it, or a rank
+    process that died without one) just that error, without waiting for the others — a rank
+    whose peers failed early would wait in the rendezvous until the timeout."""
+    reports: dict[int, Any] = {}
+    while len(reports) < len(conns):
+        pending = [conn for rank, conn in conns.items() if rank not in reports]
+        ready = wait(pending, timeout=1.0)
+        for rank, conn in conns.items():
+            if conn in ready:
+                reports[rank] = conn.recv()
+                if isinstance(reports[rank], str):
+                    return [reports[rank]]
         dead = [p for p in processes if p.exitcode not in (None, 0)]
-        if dead:
-            return f"rank process {dead[0].name} exited with code {dead[0].exitcode}"
-    return conn.recv()
+        if not ready and dead:
+            return [f"rank process {dead[0].name} exited with code {dead[0].exitcode}"]
+    return [reports[rank] for rank in sorted(reports)]
 
 
 def _rank_main(layout: ParallelLayout, store_port: int, model_dir: Path, workload: Workload,
