@@ -3,6 +3,7 @@
     dsv4serve stack [flags]          worker + scheduler + frontend as local processes
     dsv4serve worker|scheduler|frontend [flags]
     dsv4serve make-tiny-checkpoint [args]
+    dsv4serve train-demo OUT_DIR [args]   train the demo model (the default model's recipe)
     dsv4serve check [--url URL]      the post-upgrade check: health, one constrained tool call, one chat
     dsv4serve probe grpc ADDR | probe http URL   exit 0 when ready (container health checks)
 
@@ -65,6 +66,12 @@ def run_make_tiny_checkpoint(argv: Sequence[str]) -> int:
     from services.worker.model import tiny_checkpoint
 
     return tiny_checkpoint.main(list(argv)) or 0
+
+
+def run_train_demo(argv: Sequence[str]) -> int:
+    from services.demo import train_cli
+
+    return train_cli.main(list(argv))
 
 
 # ---- probe: readiness for container health checks ----
@@ -200,6 +207,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "scheduler": run_scheduler,
     "frontend": run_frontend,
     "make-tiny-checkpoint": run_make_tiny_checkpoint,
+    "train-demo": run_train_demo,
     "check": run_check,
     "probe": run_probe,
 }
