@@ -16,6 +16,7 @@ from typing import Any, Optional
 from services.demo import values
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
+CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
 SYSTEM_PROMPTS = (None, None, "You are terse.", "You are a helpful assistant.",
                   "You are a helpful assistant with access to tools.")
 CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
@@ -42,6 +43,9 @@ class Example:
     thinking: bool
     copy_values: list[str] = field(default_factory=list)   # strings copied from the prompt
     expected_call: Optional[tuple[str, dict[str, Any]]] = None
+    # Free-form argument values (not enum members, not a command named by its intent): the ones a
+    # held-out example must never share with training.
+    novel_values: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +72,10 @@ class DialogGenerator:
         self.held_out = held_out
         self.thinking_share = thinking_share
 
+    def training_scene(self, index: int, examples: int) -> Scene:
+        """Scene `index` of the training stream (training step `index` learns from it)."""
+        return self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1)
+
     def scene(self, index: int, examples: int, chat_only: bool = False) -> Scene:
         rng = random.Random(f"{self.seed}:{self.held_out}:{index}")
         system = rng.choice(SYSTEM_PROMPTS)
@@ -93,13 +101,15 @@ class DialogGenerator:
             command, train, held = rng.choice(SHELL_INTENTS)
             user = rng.choice((held if self.held_out else train).split("/"))
             args: dict[str, Any] = {"command": command}
-            surfaces: dict[str, str] = {"command": command}
+            novel: list[str] = []
         else:
             templates = [t for t in (spec.held_out if self.held_out else spec.train)
                          if set(_placeholders(t, spec)) <= declared]
             template = rng.choice(templates)
             args, surfaces = self._fill(rng, spec, _placeholders(template, spec))
             user = template.format(**surfaces)
+            novel = _strings({p.name: args[p.name] for p in spec.params
+                              if p.name in args and p.maker not in ("enum", "bool")})
         thinking = rng.random() < self.thinking_share
         call = {"id": f"call_{rng.randrange(16 ** 8):08x}", "type": "function",
                 "function": {"name": spec.name, "arguments": json.dumps(args, ensure_ascii=False)}}
@@ -107,7 +117,7 @@ class DialogGenerator:
         if thinking:
             target["reasoning_content"] = _call_reasoning(spec, args)
         return Example("call", [{"role": "user", "content": user}], target, thinking,
-                       _strings(args), (spec.name, args))
+                       _strings(args), (spec.name, args), novel)
 
     # ---- internals ----------------------------------------------------------------------------
     def _example(self, rng: random.Random, specs: list[ToolSpec], tools: list[dict[str, Any]]
@@ -136,7 +146,7 @@ class DialogGenerator:
         if call.thinking:
             target["reasoning_content"] = f"The tool returned {result}. I will answer."
         return Example("answer", messages, target, call.thinking,
-                       call.copy_values + [result], None)
+                       call.copy_values + [result], None, call.novel_values)
 
     def _chat(self, rng: random.Random) -> Example:
         prompts, answer = rng.choice(CHAT)

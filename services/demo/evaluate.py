@@ -6,7 +6,7 @@ a lower bound of the call accuracy measured through the stack (`bench/bench_demo
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -18,13 +18,16 @@ HELDOUT_SEED = 1_000_003     # never a training seed: the held-out split also us
 
 
 def heldout_scenes(vocab: TrainedVocab, encoder: SceneEncoder, count: int,
-                   seed: int = HELDOUT_SEED) -> list[EncodedScene]:
-    """`count` one-call held-out scenes whose completion tokens are all trained (a model can only
-    emit tokens it was trained on; the prompt may hold any token)."""
+                   training_values: Iterable[str], seed: int = HELDOUT_SEED) -> list[EncodedScene]:
+    """`count` one-call held-out scenes whose argument values never occur in training and whose
+    completion tokens are all trained (a model can only emit tokens it was trained on; the prompt
+    may hold any token)."""
+    seen = set(training_values)
     scenes: list[EncodedScene] = []
     for scene in _call_scenes(seed):
         encoded = encoder.scene(scene)
-        if vocab.covers(encoded.examples[0].completion_ids):
+        example = encoded.examples[0]
+        if vocab.covers(example.completion_ids) and not seen & set(example.example.novel_values):
             scenes.append(encoded)
         if len(scenes) == count:
             return scenes

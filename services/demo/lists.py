@@ -1,9 +1,10 @@
 """Vocabulary lists of the synthetic demo data, split into a training half and a held-out half.
 
-Held-out evaluation draws names and values only from `HELDOUT`, training only from `TRAIN`; the two
-never share an entry (a test checks it), so every held-out city, person, file, query or command is a
-value the model never saw as a whole. Entries are space-separated words (multi-word entries use `_`
-for the space, turned back into a space by `pool`).
+Held-out evaluation draws names from `HELDOUT`, training only from `TRAIN`; the two never share an
+entry (a test checks it). Free-text values (queries, titles, sentences) are word combinations: the
+held-out ones combine training words into values never used in training (the evaluation checks every
+held-out value against the training values), since a model cannot write a word whose tokens it
+never trained on. Entries are space-separated words (multi-word entries use `_` for the space).
 """
 from __future__ import annotations
 
@@ -87,14 +88,6 @@ HELDOUT: dict[str, str] = {
     "surname": """Fairbanks Whitmore Castellanos Okonkwo Lindqvist Nakamura Kowalczyk Abernathy
         Delacroix Ferreira Halvorsen Ivanova Jablonski Kavanagh Lombardi Montgomery Novak Oyelaran
         Pemberton Quintero Rasmussen Sorensen Takahashi Underwood Vasquez Wainwright Yamamoto""",
-    "word": """quarterly forecast harvest festival volunteer fundraiser greenhouse telescope
-        aquarium lighthouse museum gallery orchestra symphony ballet marathon triathlon regatta
-        vineyard bakery brewery pottery woodworking knitting origami calligraphy photography
-        bookclub podcast newsletter warranty mortgage pension insurance renovation plumbing
-        electrician carpenter locksmith veterinarian pharmacy clinic hospital embassy consulate
-        passport visa luggage itinerary hostel campsite cabin ferry tram subway airport harbor
-        algorithms robotics telemetry firmware scheduler allocator profiler benchmark sandbox
-        prototype blueprint manifesto charter treaty ledger spreadsheet presentation brochure""",
     "stem": """manuscript ledger roster timetable checklist inventory_q3 minutes_final memo
         blueprint specs estimates quotes receipts forecast syllabus transcript playlist recipes_old
         changelog roadmap_v2 contacts_old migration schema fixtures seeds""",
@@ -105,12 +98,11 @@ HELDOUT: dict[str, str] = {
         git_branch git_stash_list docker_ps docker_images kubectl_get_pods df_-i free_-h
         uname_-r cat_/proc/cpuinfo nproc lscpu""",
     "ticker": "CRM PYPL SHOP SNOW PLTR ZM SQ TWLO DDOG NET",
-    "language_text": """the_museum_opens_at_nine my_luggage_is_lost we_need_more_chairs
-        the_soup_is_cold turn_left_at_the_bridge the_printer_is_broken""",
 }
 
 
 @lru_cache(maxsize=None)
 def pool(name: str, held_out: bool) -> tuple[str, ...]:
-    """The entries of list `name` in the training or the held-out half."""
-    return _words((HELDOUT if held_out else TRAIN)[name])
+    """The entries of list `name` in the training or the held-out half (lists without a held-out
+    half, such as `word`, are shared)."""
+    return _words((HELDOUT if held_out and name in HELDOUT else TRAIN)[name])

@@ -52,7 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = TrainSettings(seed=args.seed, steps=args.steps,
                              examples_per_scene=args.examples_per_scene)
     trainer = Trainer(args.out_dir, settings)
-    evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count)
+    evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count,
+                             trainer.training_values)
     with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < settings.steps:
             record = trainer.train_step()
@@ -79,7 +80,8 @@ def _checkpoint(trainer: Trainer, out_dir: Path) -> None:
 
 def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
     """Final held-out evaluation (float and quantized), compact export, optional install."""
-    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.final_eval_count)
+    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.final_eval_count,
+                            trainer.training_values)
     report = {"steps": trainer.step_index, "wall_s_this_run": round(wall_s),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
               "heldout_prompts": len(scenes),

@@ -1,7 +1,7 @@
 """Training state and one optimisation step (resumable: everything lives in `train_state.pt`).
 
-The data stream is a pure function of (seed, step): scene `step` of the training generator, a
-chat-only scene every `CHAT_EVERY`-th step. Resuming from a saved state continues the exact same
+The data stream is a pure function of (seed, step): `DialogGenerator.training_scene(step)`.
+The trained vocabulary is scanned from exactly the scenes the run will learn from. Resuming from a saved state continues the exact same
 stream and schedule.
 """
 from __future__ import annotations
@@ -20,13 +20,12 @@ from services.demo.dialogs import DialogGenerator
 from services.demo.encode import EncodedScene, SceneEncoder
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
-from services.demo.vocab import RowMap, TrainedVocab, scan_vocab, tie_structure
+from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
 STATE_FILE = "train_state.pt"
-CHAT_EVERY = 6
 DELTA_WEIGHT_DECAY = 0.1
 
 
@@ -50,7 +49,9 @@ class Trainer:
         self.encoder = SceneEncoder()
         self.generator = DialogGenerator(settings.seed, held_out=False)
         saved = self._load()
-        ids = saved["vocab_ids"] if saved else scan_vocab(settings.seed)
+        ids, self.training_values = ((saved["vocab_ids"], saved["training_values"]) if saved else
+                                     scan_training(settings.seed, settings.steps,
+                                                   settings.examples_per_scene))
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))
@@ -71,8 +72,8 @@ class Trainer:
 
     def train_step(self) -> dict:
         index = self.step_index
-        scene = self.encoder.scene(self.generator.scene(
-            index, self.settings.examples_per_scene, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1))
+        scene = self.encoder.scene(self.generator.training_scene(index,
+                                                                 self.settings.examples_per_scene))
         for group in self.optimizer.param_groups:
             group["lr"] = self._learning_rate(index)
         kept = [e for e in scene.examples
@@ -107,7 +108,8 @@ class Trainer:
     def save(self) -> None:
         state = {"params": self.params.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "step": self.step_index, "history": self.history,
-                 "vocab_ids": self.vocab.ids.tolist(), "hash_table": self.hash_table,
+                 "vocab_ids": self.vocab.ids.tolist(), "training_values": self.training_values,
+                 "hash_table": self.hash_table,
                  "settings": asdict(self.settings)}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         staging = self.out_dir / (STATE_FILE + ".tmp")

@@ -1,8 +1,8 @@
 """Argument values of the synthetic data: cities, people, paths, commands, dates, … per split.
 
-Every maker draws only from its split's lists (`lists.pool`), so a held-out value is built from
-held-out parts and never occurs whole in training. The training half is widened with synthetic
-names made of syllables: they give the model many more token sequences to learn copying on.
+Every maker draws from its split's lists (`lists.pool`). Both halves are widened with invented
+names made of syllables (disjoint sets per half): they give the model many more token sequences to
+learn copying on, and give the held-out half names whose pieces are trained tokens.
 """
 from __future__ import annotations
 
@@ -17,25 +17,26 @@ _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
 _CODAS = ("", "", "n", "r", "l", "s", "th", "nd", "rk", "x")
 SYNTHETIC_NAMES = 400
-DOMAINS = {False: ("example.com", "mail.com", "work.org"), True: ("corp.net", "inbox.io")}
+DOMAINS = ("example.com", "mail.com", "work.org")
 
 
 @lru_cache(maxsize=None)
-def synthetic_names() -> tuple[str, ...]:
-    """Invented capitalised names (training only), seeded so every run sees the same ones."""
-    rng = random.Random(12)
+def synthetic_names(held_out: bool) -> tuple[str, ...]:
+    """Invented capitalised names, seeded; the held-out set shares no name with the training set."""
+    taken = set() if not held_out else set(synthetic_names(False))
+    rng = random.Random(34 if held_out else 12)
     names: set[str] = set()
     while len(names) < SYNTHETIC_NAMES:
         syllables = rng.randint(2, 3)
         name = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                       for _ in range(syllables))
-        names.add(name.capitalize())
+                       for _ in range(syllables)).capitalize()
+        if name not in taken:
+            names.add(name)
     return tuple(sorted(names))
 
 
 def _names(kind: str, held_out: bool) -> tuple[str, ...]:
-    base = pool(kind, held_out)
-    return base if held_out else base + synthetic_names()
+    return pool(kind, held_out) + synthetic_names(held_out)
 
 
 def city(rng: random.Random, held_out: bool) -> str:
@@ -59,6 +60,8 @@ def title(rng: random.Random, held_out: bool) -> str:
 
 
 def sentence(rng: random.Random, held_out: bool) -> str:
+    if held_out:
+        return words(rng, held_out, 3, 4)
     return rng.choice(pool("language_text", held_out))
 
 
@@ -76,7 +79,7 @@ def path(rng: random.Random, held_out: bool) -> str:
 
 
 def email(rng: random.Random, held_out: bool) -> str:
-    return f"{person(rng, held_out).lower()}@{rng.choice(DOMAINS[held_out])}"
+    return f"{person(rng, held_out).lower()}@{rng.choice(DOMAINS)}"
 
 
 def command(rng: random.Random, held_out: bool) -> str:

@@ -15,9 +15,6 @@ import torch
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import SPACE, SceneEncoder
 
-VOCAB_SCENES = 4000           # training scenes scanned for the vocabulary (the stream reuses them)
-
-
 @dataclass(frozen=True)
 class TrainedVocab:
     ids: torch.Tensor          # int64 [Vt], ascending full-vocabulary ids
@@ -70,14 +67,17 @@ def tie_structure(ids: list[int], encoder: SceneEncoder) -> TrainedVocab:
                         torch.tensor(spaced), len(bases))
 
 
-def scan_vocab(seed: int, scenes: int = VOCAB_SCENES, examples: int = 6) -> list[int]:
-    """Every token id in the first `scenes` training scenes (tool scenes and chat scenes)."""
+def scan_training(seed: int, scenes: int, examples: int) -> tuple[list[int], list[str]]:
+    """Every token id and every copied value (argument strings, tool results) of the training
+    stream's scenes 0..scenes-1 — exactly the data a run of `scenes` steps learns from."""
     encoder = SceneEncoder()
     generator = DialogGenerator(seed, held_out=False)
     found: set[int] = set()
+    copied: set[str] = set()
     for index in range(scenes):
-        encoded = encoder.scene(generator.scene(index, examples, chat_only=index % 8 == 7))
+        encoded = encoder.scene(generator.training_scene(index, examples))
         for item in encoded.examples:
             found.update(item.prompt_ids)
             found.update(item.completion_ids)
-    return sorted(found)
+            copied.update(item.example.copy_values)
+    return sorted(found), sorted(copied)
