@@ -4,8 +4,8 @@
 cache would: the prefix's full blocks are shared through the block tables, its compressor states
 are handed to each continuation, and each continuation recomputes the prefix's last partial block
 into blocks of its own. Every sequence goes through the model in chunks of `chunk_tokens` rows of
-one forward call — the runtime computes a chunked prefill exactly like a one-shot one, and short
-chunks keep the per-query key gathers (and their gradients) small.
+forward calls of `CALL_TOKENS` rows — the runtime computes a chunked prefill like a one-shot one,
+and short chunks and calls keep the per-query key gathers (and their gradients) small.
 
 If the runtime's interfaces change (e.g. compressor state moving into paged cache rows), this
 module is the only one to adapt.
@@ -24,6 +24,7 @@ from services.worker.model.transformer import DeepseekV4
 
 BLOCK_SIZE = 32
 CHUNK_TOKENS = 32
+CALL_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -56,26 +57,36 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
                          torch.float32, "cpu")
     states: dict = {}
     mtp_states: dict = {}
-    nexts = [s[1:] + [cfg.eos_token_id] for s in sequences]
-    if shared:
-        prefix_hidden = model.forward_hidden(_batch([(0, prefix[:shared], 0, tables[0])]), cache,
-                                             states)
-        if with_mtp:
-            prefix_next = _batch([(0, prefix[1:shared + 1], 0, tables[0])])
-            model.mtp_forward(prefix_hidden.detach(), prefix_next.token_ids, prefix_next, cache,
-                              mtp_states)
-    for k in range(len(sequences)):
+    _run(model, 0, prefix[:shared + 1], 0, tables[0], cache, states, mtp_states, with_mtp)
+    hidden, mtp_hidden = [], []
+    for k, sequence in enumerate(sequences):
         states[k + 1] = dict(states.get(0, {}))   # compressor states are replaced, never mutated
-    rows = [(k + 1, s[shared:], shared, tables[k]) for k, s in enumerate(sequences)]
-    batch = _batch(rows)
-    hidden = model.forward_hidden(batch, cache, states)
-    mtp_hidden = None
-    if with_mtp:
-        following = _batch([(k + 1, n[shared:], shared, tables[k]) for k, n in enumerate(nexts)])
-        mtp_hidden = model.mtp_forward(hidden.detach(), following.token_ids, following, cache,
-                                       mtp_states)
-    return SceneHidden(shared, _split(hidden, sequences, shared),
-                       _split(mtp_hidden, sequences, shared) if with_mtp else [None] * len(sequences))
+        main, mtp = _run(model, k + 1, sequence + [cfg.eos_token_id], shared, tables[k], cache,
+                         states, mtp_states, with_mtp)
+        hidden.append(main)
+        mtp_hidden.append(mtp)
+    return SceneHidden(shared, hidden, mtp_hidden)
+
+
+def _run(model: DeepseekV4, seq_id: int, ids: list[int], start: int, table: list[int],
+         cache: PagedKvCache, states: dict, mtp_states: dict, with_mtp: bool
+         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Positions start..len(ids)-2 of one sequence (ids[-1] is only the MTP's next id), in
+    forward calls of at most CALL_TOKENS rows: the backward pass of a call costs rows × chunks
+    (every chunk's slice of a step-wide tensor gets a step-wide gradient), so calls stay short."""
+    main, mtp = [], []
+    for offset in range(start, len(ids) - 1, CALL_TOKENS):
+        end = min(offset + CALL_TOKENS, len(ids) - 1)
+        batch = _batch(seq_id, ids[offset:end], offset, table)
+        hidden = model.forward_hidden(batch, cache, states)
+        main.append(hidden)
+        if with_mtp:
+            following = _batch(seq_id, ids[offset + 1:end + 1], offset, table)
+            mtp.append(model.mtp_forward(hidden.detach(), following.token_ids, following, cache,
+                                         mtp_states))
+    if not main:
+        return torch.empty(0), None
+    return torch.cat(main), torch.cat(mtp) if with_mtp else None
 
 
 def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
@@ -89,15 +100,8 @@ def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
     return tables
 
 
-def _batch(rows: list[tuple[int, list[int], int, list[int]]]):
-    """(seq_id, ids, start_pos, table) rows → one StepBatch of consecutive CHUNK_TOKENS chunks."""
-    chunks = []
-    for seq_id, ids, start, table in rows:
-        for offset in range(0, len(ids), CHUNK_TOKENS):
-            chunks.append((seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS], table, table))
+def _batch(seq_id: int, ids: list[int], start: int, table: list[int]):
+    """One sequence's rows → one StepBatch of consecutive CHUNK_TOKENS chunks."""
+    chunks = [(seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS], table, table)
+              for offset in range(0, len(ids), CHUNK_TOKENS)]
     return build_batch(chunks, "cpu")
-
-
-def _split(hidden: torch.Tensor, sequences: list[list[int]], shared: int) -> list[torch.Tensor]:
-    sizes = [len(s) - shared for s in sequences]
-    return list(torch.split(hidden, sizes))

@@ -32,8 +32,8 @@ DELTA_WEIGHT_DECAY = 0.1
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 1
-    steps: int = 900
-    examples_per_scene: int = 10
+    steps: int = 600
+    examples_per_scene: int = 12
     learning_rate: float = 2e-3
     warmup_steps: int = 60
     mtp_weight: float = 0.3
