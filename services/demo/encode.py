@@ -32,6 +32,7 @@ class EncodedExample:
 class EncodedScene:
     prefix_ids: list[int]      # BOS + system prompt (tools included): shared by every example
     examples: list[EncodedExample]
+    scene: Scene
 
 
 class SceneEncoder:
@@ -52,7 +53,7 @@ class SceneEncoder:
         for item in encoded:
             if item.prompt_ids[:len(prefix_ids)] != prefix_ids:
                 raise AssertionError("a scene's prompts must all start with its system prefix")
-        return EncodedScene(prefix_ids, encoded)
+        return EncodedScene(prefix_ids, encoded, scene)
 
     def example(self, request: dict[str, Any], example: Example) -> EncodedExample:
         prompt = render_chat_request(request).text

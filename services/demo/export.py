@@ -30,6 +30,7 @@ from services.frontend.tokenizer import bundled_tokenizer_dir
 
 COMPACT_DIR = Path(__file__).resolve().parent / "weights"
 COMPACT_FILES = ("config.json", "body.safetensors", "vocab.safetensors")
+HELDOUT_FILE = "heldout.json"   # the held-out evaluation prompts of the committed model
 SHARD = "model.safetensors"
 PathLike = Union[str, Path]
 

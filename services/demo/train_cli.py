@@ -88,12 +88,16 @@ def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
               "before_quantization": teacher_forced(trainer, scenes, quantized=False),
               "after_quantization": teacher_forced(trainer, scenes, quantized=True)}
     (args.out_dir / "final_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    heldout = [{"request": s.scene.request(s.examples[0].example),
+                "expected": dict(zip(("name", "arguments"), s.examples[0].example.expected_call))}
+               for s in scenes]
+    (args.out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
     compact = export.write_compact(args.out_dir / "compact", demo_config_json(), stored,
                                    trainer.vocab.ids, trainer.hash_table)
     if args.install:
         for path in [*compact.iterdir(), args.out_dir / "loss.png", args.out_dir / "accuracy.png",
-                     args.out_dir / "final_eval.json"]:
+                     args.out_dir / "final_eval.json", args.out_dir / export.HELDOUT_FILE]:
             export.COMPACT_DIR.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, export.COMPACT_DIR / path.name)
     return report

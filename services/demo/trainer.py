@@ -32,7 +32,7 @@ DELTA_WEIGHT_DECAY = 0.1
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 1
-    steps: int = 600
+    steps: int = 400
     examples_per_scene: int = 12
     learning_rate: float = 2e-3
     warmup_steps: int = 60
@@ -81,8 +81,8 @@ class Trainer:
         if not kept:
             raise RuntimeError(f"training scene {index} has no example inside the vocabulary")
         rows = self.vocab.rows()
-        scores = self.score(self.model(rows=rows), rows, EncodedScene(scene.prefix_ids, kept),
-                            with_mtp=True)
+        kept_scene = EncodedScene(scene.prefix_ids, kept, scene.scene)
+        scores = self.score(self.model(rows=rows), rows, kept_scene, with_mtp=True)
         loss = scores.loss + self.settings.mtp_weight * scores.mtp_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

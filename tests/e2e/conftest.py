@@ -1,6 +1,7 @@
 """The real stack, started once per session through the project's own launcher.
 
-`stack` runs `python -m services.cli stack --model <tiny model> …` with every port 0 (the launcher
+`stack` runs `python -m services.cli stack --model <tiny model> …` (and `demo_stack` the same on the
+trained demo model, the default one) with every port 0 (the launcher
 picks free ports and reports them in its ready file), waits for the stack to be ready under a
 deadline, and stops it at the end with SIGTERM. When startup fails, or any test failed, the children's
 logs are printed so the cause is visible without rerunning.
@@ -22,6 +23,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "dsv4-tiny-e2e"
+DEMO_SERVED_MODEL_NAME = "dsv4-demo-e2e"
 STARTUP_TIMEOUT_S = float(os.environ.get("DSV4SERVE_E2E_STARTUP_TIMEOUT", "240"))
 STOP_TIMEOUT_S = 60.0
 LOG_TAIL_CHARS = 6000
@@ -46,12 +48,12 @@ class RunningStack:
         return "\n".join(parts) or "(no logs were written)"
 
 
-def _start(model_dir: Path, run_dir: Path) -> tuple[subprocess.Popen, Path]:
+def _start(model_dir: Path, run_dir: Path, served_name: str) -> tuple[subprocess.Popen, Path]:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True)
     ready_file = run_dir / "ready.json"
     command = [sys.executable, "-m", "services.cli", "stack", "--model", str(model_dir),
-               "--served-model-name", SERVED_MODEL_NAME, "--port", "0", "--scheduler-port", "0",
+               "--served-model-name", served_name, "--port", "0", "--scheduler-port", "0",
                "--worker-port", "0", "--max-model-len", "2048", "--max-num-batched-tokens", "2048",
                "--kv-cache-memory", "256MiB", "--startup-timeout", str(STARTUP_TIMEOUT_S),
                "--log-dir", str(log_dir), "--ready-file", str(ready_file)]
@@ -84,18 +86,16 @@ def _stop(process: subprocess.Popen) -> int:
     return process.returncode
 
 
-@pytest.fixture(scope="session")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-          request: pytest.FixtureRequest) -> Iterator[RunningStack]:
-    run_dir = tmp_path_factory.mktemp("stack")
-    process, ready_file = _start(tiny_model_dir, run_dir)
+def _serve(model_dir: Path, served_name: str, run_dir: Path,
+           request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    process, ready_file = _start(model_dir, run_dir, served_name)
     ready = _wait_ready(process, ready_file)
-    handle_logs = RunningStack("", "", "", SERVED_MODEL_NAME, tiny_model_dir, run_dir / "logs", process)
+    handle_logs = RunningStack("", "", "", served_name, model_dir, run_dir / "logs", process)
     if isinstance(ready, str):
         _stop(process)
         pytest.fail(f"dsv4serve stack did not start: {ready}\n{handle_logs.logs()}", pytrace=False)
     running = RunningStack(ready["base_url"], ready["scheduler_address"], ready["worker_address"],
-                           SERVED_MODEL_NAME, tiny_model_dir, run_dir / "logs", process)
+                           served_name, model_dir, run_dir / "logs", process)
     failed_before = request.session.testsfailed
     yield running
     status = _stop(process)
@@ -105,6 +105,23 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         if reporter is not None:
             reporter.write_sep("=", header)
             reporter.write_line(running.logs())
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """The stack on the tiny random checkpoint (tiny-a): tests of the machinery, not of answers."""
+    yield from _serve(tiny_model_dir, SERVED_MODEL_NAME, tmp_path_factory.mktemp("stack"), request)
+
+
+@pytest.fixture(scope="session")
+def demo_stack(tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """The stack on the default model, the trained demo (expanded like `make run` does)."""
+    from services.demo.export import default_demo_model_dir
+
+    yield from _serve(default_demo_model_dir(), DEMO_SERVED_MODEL_NAME,
+                      tmp_path_factory.mktemp("demo-stack"), request)
 
 
 @pytest.fixture()
