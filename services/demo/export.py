@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -25,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from services.worker.model.checkpoint import INDEX_FILE, expected_tensors
 from services.worker.model.config import ModelConfig
-from services.worker.model.tiny_checkpoint import CACHE_ENV, TOKENIZER_FILES
+from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
 from services.frontend.tokenizer import bundled_tokenizer_dir
 
 COMPACT_DIR = Path(__file__).resolve().parent / "weights"
@@ -104,25 +102,7 @@ def compact_digest(compact_dir: PathLike = COMPACT_DIR) -> str:
 
 
 def default_demo_model_dir() -> Path:
-    """The trained demo model, expanded on first use into `$DSV4SERVE_CACHE` (or
-    ~/.cache/dsv4serve) under a name keyed by the committed files' hash.
-
-    Expanded into a temporary sibling and renamed into place, so a directory that exists is
-    complete; when two processes race, the loser discards its copy.
-    """
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dsv4serve")
-    target = root / f"dsv4-demo-{compact_digest()}"
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        expand(COMPACT_DIR, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    """The trained demo model (the default model), expanded on first use into the checkpoint
+    cache (`$DSV4SERVE_CACHE` or ~/.cache/dsv4serve) under a name keyed by the committed files."""
+    return materialize_once(cache_root() / f"dsv4-demo-{compact_digest()}",
+                            lambda staging: expand(COMPACT_DIR, staging))
