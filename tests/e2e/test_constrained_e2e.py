@@ -1,7 +1,7 @@
 """Structural tool calls through the whole stack: every call a constrained request returns has a
 declared name and arguments that validate against the declared schema — by construction.
 
-The default model has random weights, so its unconstrained output is noise and it rarely closes a
+The tiny-a model has random weights, so its unconstrained output is noise and it rarely closes a
 string on its own. The fuzz steers greedy decoding with the API's own `logit_bias` towards the tokens
 that close values and blocks (greedy stays greedy), so that most cases end with a call; a fuzz that
 only ever hits `length` would prove nothing.
