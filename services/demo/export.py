@@ -28,7 +28,8 @@ from services.frontend.tokenizer import bundled_tokenizer_dir
 
 COMPACT_DIR = Path(__file__).resolve().parent / "weights"
 COMPACT_FILES = ("config.json", "body.safetensors", "vocab.safetensors")
-HELDOUT_FILE = "heldout.json"   # the held-out evaluation prompts of the committed model
+HELDOUT_FILE = "heldout.json"
+SERVED_NAME = "dsv4-demo"   # the held-out evaluation prompts of the committed model
 SHARD = "model.safetensors"
 PathLike = Union[str, Path]
 
@@ -103,6 +104,7 @@ def compact_digest(compact_dir: PathLike = COMPACT_DIR) -> str:
 
 def default_demo_model_dir() -> Path:
     """The trained demo model (the default model), expanded on first use into the checkpoint
-    cache (`$DSV4SERVE_CACHE` or ~/.cache/dsv4serve) under a name keyed by the committed files."""
-    return materialize_once(cache_root() / f"dsv4-demo-{compact_digest()}",
+    cache (`$DSV4SERVE_CACHE` or ~/.cache/dsv4serve), in a folder keyed by the committed files'
+    hash. The directory itself is named `dsv4-demo`, the served model name by default."""
+    return materialize_once(cache_root() / f"demo-{compact_digest()}" / SERVED_NAME,
                             lambda staging: expand(COMPACT_DIR, staging))
