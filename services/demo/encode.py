@@ -43,12 +43,10 @@ class SceneEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def scene(self, scene: Scene) -> EncodedScene:
-        system = [] if scene.system is None else [{"role": "system", "content": scene.system}]
-        prefix_text = render_chat_request(
-            {"messages": system or [{"role": "system", "content": ""}], "tools": scene.tools}
-        ).text if scene.tools else render_chat_request({"messages": [{"role": "user", "content": ""}]}
-                                                       ).text[:len("<｜begin▁of▁sentence｜>")]
-        prefix_ids = self.encode(prefix_text)
+        # BOS + the system turn (tools included); an absent system message renders as "".
+        prefix_ids = self.encode(render_chat_request(
+            {"messages": [{"role": "system", "content": scene.system or ""}], "tools": scene.tools}
+        ).text)
         encoded = [self.example(scene.request(example), example) for example in scene.examples]
         for item in encoded:
             if item.prompt_ids[:len(prefix_ids)] != prefix_ids:
