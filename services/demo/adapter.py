@@ -61,36 +61,58 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
     states: dict = {}
     mtp_states: dict = {}
     with torch.no_grad():
-        _run(model, 0, prefix[:shared + 1], 0, tables[0], cache, states, mtp_states, with_mtp)
-    hidden, mtp_hidden = [], []
-    for k, sequence in enumerate(sequences):
+        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, states, mtp_states,
+                 with_mtp)
+    for k in range(len(sequences)):
         states[k + 1] = dict(states.get(0, {}))   # compressor states are replaced, never mutated
-        main, mtp = _run(model, k + 1, sequence + [cfg.eos_token_id], shared, tables[k], cache,
-                         states, mtp_states, with_mtp)
-        hidden.append(main)
-        mtp_hidden.append(mtp)
-    return SceneHidden(shared, hidden, mtp_hidden)
+    rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]
+    main, mtp = _forward(rows, model, cache, states, mtp_states, with_mtp)
+    return SceneHidden(shared, [torch.cat(main[k + 1]) for k in range(len(sequences))],
+                       [torch.cat(mtp[k + 1]) if with_mtp else None for k in range(len(sequences))])
 
 
-def _run(model: DeepseekV4, seq_id: int, ids: list[int], start: int, table: list[int],
-         cache: PagedKvCache, states: dict, mtp_states: dict, with_mtp: bool
-         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Positions start..len(ids)-2 of one sequence (ids[-1] is only the MTP's next id), in
-    forward calls of at most CALL_TOKENS rows: the backward pass of a call costs rows × chunks
-    (every chunk's slice of a step-wide tensor gets a step-wide gradient), so calls stay short."""
-    main, mtp = [], []
-    for offset in range(start, len(ids) - 1, CALL_TOKENS):
-        end = min(offset + CALL_TOKENS, len(ids) - 1)
-        batch = _batch(seq_id, ids[offset:end], offset, table)
+Row = tuple[int, list[int], int, list[int]]   # seq_id, ids, first position to compute, block table
+
+
+def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, states: dict,
+             mtp_states: dict, with_mtp: bool
+             ) -> tuple[dict[int, list[torch.Tensor]], dict[int, list[torch.Tensor]]]:
+    """Positions start..len(ids)-2 of every row (ids[-1] is only the MTP's next id), in forward
+    calls of at most CALL_TOKENS rows: a long sequence takes several calls, short ones share one.
+    The backward pass of a call costs its rows × its chunks (every chunk's slice of a call-wide
+    tensor gets a call-wide gradient), so calls stay short. → hidden and MTP streams per seq_id."""
+    main: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
+    mtp: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
+    for call in _pack(rows):
+        batch = _batch([(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
         hidden = model.forward_hidden(batch, cache, states)
-        main.append(hidden)
-        if with_mtp:
-            following = _batch(seq_id, ids[offset + 1:end + 1], offset, table)
-            mtp.append(model.mtp_forward(hidden.detach(), following.token_ids, following, cache,
-                                         mtp_states))
-    if not main:
-        return torch.empty(0), None
-    return torch.cat(main), torch.cat(mtp) if with_mtp else None
+        following = _batch([(seq_id, ids[a + 1:b + 1], a, table)
+                            for seq_id, ids, a, b, table in call])
+        streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache,
+                                     mtp_states) if with_mtp else None)
+        offset = 0
+        for seq_id, _, a, b, _ in call:
+            main[seq_id].append(hidden[offset:offset + b - a])
+            if streams is not None:
+                mtp[seq_id].append(streams[offset:offset + b - a])
+            offset += b - a
+    return main, mtp
+
+
+def _pack(rows: list[Row]) -> list[list[tuple[int, list[int], int, int, list[int]]]]:
+    """Segments (seq_id, ids, begin, end, table) of at most CALL_TOKENS positions, in sequence
+    order, packed greedily into calls of at most CALL_TOKENS positions."""
+    calls: list[list] = [[]]
+    size = 0
+    for seq_id, ids, start, table in rows:
+        for begin in range(start, len(ids) - 1, CALL_TOKENS):
+            end = min(begin + CALL_TOKENS, len(ids) - 1)
+            if size + end - begin > CALL_TOKENS and calls[-1]:
+                calls.append([])
+                size = 0
+            calls[-1].append((seq_id, ids, begin, end, table))
+            size += end - begin
+    return [call for call in calls if call]
 
 
 def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
@@ -104,8 +126,8 @@ def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
     return tables
 
 
-def _batch(seq_id: int, ids: list[int], start: int, table: list[int]):
-    """One sequence's rows → one StepBatch of consecutive CHUNK_TOKENS chunks."""
+def _batch(rows: list[tuple[int, list[int], int, list[int]]]):
+    """(seq_id, ids, start_pos, table) segments → one StepBatch of CHUNK_TOKENS chunks."""
     chunks = [(seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS], table, table)
-              for offset in range(0, len(ids), CHUNK_TOKENS)]
+              for seq_id, ids, start, table in rows for offset in range(0, len(ids), CHUNK_TOKENS)]
     return build_batch(chunks, "cpu")

@@ -17,6 +17,10 @@ from services.demo import values
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
+DRILLS_PER_STEP = 16         # short copy drills learnt beside every training scene
+REPEAT_PROMPTS = ("Repeat after me: {value}", "Say \"{value}\".", "Please repeat this: {value}",
+                  "Echo: {value}", "Copy this exactly: {value}")
+DRILL_VALUES = ("words", "city", "full_name", "path", "email", "command", "title", "date")
 SYSTEM_PROMPTS = (None, None, "You are terse.", "You are a helpful assistant.",
                   "You are a helpful assistant with access to tools.")
 CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
@@ -72,9 +76,27 @@ class DialogGenerator:
         self.held_out = held_out
         self.thinking_share = thinking_share
 
-    def training_scene(self, index: int, examples: int) -> Scene:
-        """Scene `index` of the training stream (training step `index` learns from it)."""
-        return self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1)
+    def training_scenes(self, index: int, examples: int) -> list[Scene]:
+        """What training step `index` learns from: scene `index` of the stream (chat-only every
+        CHAT_EVERY-th) and a scene of short copy drills."""
+        return [self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1),
+                self.drill_scene(index)]
+
+    def drill_scene(self, index: int) -> Scene:
+        """No tools: "Repeat after me: …" answered by the value itself. Cheap (no tool list to
+        read) and the same token-for-token copying a call's arguments need."""
+        rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
+        examples = []
+        for _ in range(DRILLS_PER_STEP):
+            value = values.MAKERS[rng.choice(DRILL_VALUES)](rng, self.held_out)
+            thinking = rng.random() < self.thinking_share
+            target: dict[str, Any] = {"role": "assistant", "content": value}
+            if thinking:
+                target["reasoning_content"] = f"The user wants me to repeat {value}."
+            user = rng.choice(REPEAT_PROMPTS).format(value=value)
+            examples.append(Example("chat", [{"role": "user", "content": user}], target, thinking,
+                                    [value]))
+        return Scene(None, [], examples)
 
     def scene(self, index: int, examples: int, chat_only: bool = False) -> Scene:
         rng = random.Random(f"{self.seed}:{self.held_out}:{index}")

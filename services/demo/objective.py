@@ -48,6 +48,7 @@ class SceneScores:
     token_accuracy: float
     mtp_accuracy: float
     exact: list[bool]            # per example: every completion token is the argmax
+    num_targets: int             # completion tokens scored
 
 
 def score_scene(model: DeepseekV4, hidden: SceneHidden, targets: SceneTargets) -> SceneScores:
@@ -60,4 +61,5 @@ def score_scene(model: DeepseekV4, hidden: SceneHidden, targets: SceneTargets) -
         mtp_logits = model.logits(torch.cat(hidden.mtp_hidden)[targets.mtp_rows], prefix="mtp.0.")
         mtp_loss = F.cross_entropy(mtp_logits, targets.mtp_targets)
         mtp_accuracy = float((mtp_logits.argmax(dim=-1) == targets.mtp_targets).float().mean())
-    return SceneScores(loss, mtp_loss, float(correct.float().mean()), mtp_accuracy, exact)
+    return SceneScores(loss, mtp_loss, float(correct.float().mean()), mtp_accuracy, exact,
+                       int(targets.targets.numel()))

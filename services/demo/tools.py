@@ -4,7 +4,8 @@ A request template names the parameters it sets with `{param}` placeholders; the
 are exactly those parameters, in schema order. Enum and boolean parameters are set through phrases
 (`"value": "train phrase/another|held-out phrase"`), every other parameter through its value maker
 (`values.MAKERS`, `int:LO:HI`, `num:LO:HI`, `list:MAKER`). Held-out templates and phrases never occur
-in training.
+in training; they put the words a request is recognised by (weather, run, search, remind …) into
+sentences of their own — a tiny model cannot learn synonyms it never saw.
 """
 from __future__ import annotations
 
@@ -51,15 +52,15 @@ CATALOG: tuple[ToolSpec, ...] = (
     ToolSpec(
         "get_weather", "Current weather of a city",
         (_str("city", "city"), Param("days", {"type": "integer", "minimum": 1, "maximum": 14}, "int:1:14"),
-         _enum("unit", {"celsius": "in celsius/in Celsius/in degrees Celsius|with temperatures in Celsius",
-                        "fahrenheit": "in fahrenheit/in Fahrenheit|with temperatures in Fahrenheit"})),
+         _enum("unit", {"celsius": "in celsius/in Celsius/in degrees Celsius|using celsius",
+                        "fahrenheit": "in fahrenheit/in Fahrenheit|using fahrenheit"})),
         ("city",),
         ("What is the weather in {city}?", "Weather in {city} for {days} days?",
          "How is the weather in {city} {unit}?", "Give me the forecast for {city} for {days} days {unit}.",
          "Is it raining in {city}?", "Weather in {city}, please.", "Forecast for {city}, next {days} days.",
          "Tell me the weather in {city} {unit}.", "What will the weather be in {city} for the next {days} days?"),
-        ("I am flying to {city}. Should I pack an umbrella?", "Check the sky over {city} for {days} days.",
-         "Any sunshine expected in {city} {unit}?", "Look up conditions in {city} {unit} for {days} days."),
+        ("Could you check the weather for {city} over {days} days?", "I need the forecast for {city} {unit}.",
+         "Please tell me the weather in {city} today.", "How will the weather look in {city} {unit} over {days} days?"),
         "{condition}, {temperature}", "It is {result} in {city}."),
     ToolSpec(
         "shell", "Run a shell command",
@@ -70,19 +71,19 @@ CATALOG: tuple[ToolSpec, ...] = (
         ("Run {command}", "Please run `{command}`.", "Execute {command} in {cwd}.",
          "Run `{command}` with a timeout of {timeout_s} seconds.", "In {cwd}, run {command}",
          "Can you run {command} for me?", "Execute `{command}`."),
-        ("Kick off `{command}` inside {cwd}.", "Type {command} into the terminal, give it {timeout_s} seconds.",
-         "I need the output of `{command}`."),
+        ("Could you execute `{command}` inside {cwd}?", "Go ahead and run {command}, allowing {timeout_s} seconds.",
+         "Please run the command `{command}` now."),
         "{output}", "The command finished: {result}"),
     ToolSpec(
         "search_web", "Web search",
         (_str("query", "words"), Param("top_k", {"type": "integer", "minimum": 1, "maximum": 20}, "int:1:20"),
-         _bool("safe", "with safe search/with safe search on|keeping results family friendly",
-               "without safe search/with safe search off|allowing unfiltered results")),
+         _bool("safe", "with safe search/with safe search on|and turn safe search on",
+               "without safe search/with safe search off|and turn safe search off")),
         ("query",),
         ("Search the web for {query}.", "Search for \"{query}\" and give me {top_k} results.",
          "Look up {query} online {safe}.", "Find {top_k} pages about {query}.", "Google {query} {safe}."),
-        ("What does the internet say about {query}? Show {top_k} hits.", "Dig up articles on {query} {safe}.",
-         "Hunt for information about {query}."),
+        ("Could you search online for {query}? I want {top_k} results.", "Please look up {query} {safe}.",
+         "Do a web search about {query}."),
         "Top result: {query} explained", "I found: {result}."),
     ToolSpec(
         "read_file", "Read a file",
@@ -92,7 +93,7 @@ CATALOG: tuple[ToolSpec, ...] = (
         ("Read {path}.", "Show me the contents of {path}.", "Open {path} and read {limit} lines.",
          "Read {path} starting at line {offset}.", "Print {path} from line {offset}, {limit} lines.",
          "What is in {path}?"),
-        ("Peek inside {path}.", "Display {limit} lines of {path} beginning at line {offset}."),
+        ("Could you read the file {path}?", "Please open {path} and read {limit} lines from line {offset}."),
         "{sentence}", "The file says: {result}."),
     ToolSpec(
         "write_file", "Write a file",
@@ -100,17 +101,17 @@ CATALOG: tuple[ToolSpec, ...] = (
         ("path", "content"),
         ("Write \"{content}\" to {path}.", "Save the text \"{content}\" in {path}.",
          "Create {path} containing \"{content}\"."),
-        ("Put the words \"{content}\" into the file {path}.",),
+        ("Please save \"{content}\" into the file {path}.",),
         "ok", "Saved {path}."),
     ToolSpec(
         "list_files", "List a directory",
         (_str("path", "directory"),
-         _bool("hidden", "including hidden files/with hidden files|dotfiles too",
-               "without hidden files/skipping hidden files|no dotfiles")),
+         _bool("hidden", "including hidden files/with hidden files|and the hidden files too",
+               "without hidden files/skipping hidden files|but skip hidden files")),
         ("path",),
         ("List the files in {path}.", "What files are in {path}?", "List {path} {hidden}.",
          "Show the directory {path} {hidden}."),
-        ("Enumerate everything under {path} {hidden}.", "Which files live in {path}?"),
+        ("Could you list everything in {path} {hidden}?", "Which files are there in the directory {path}?"),
         "{file_name}", "The directory contains {result}."),
     ToolSpec(
         "create_event", "Calendar event",
@@ -122,8 +123,9 @@ CATALOG: tuple[ToolSpec, ...] = (
          "Create an event \"{title}\" on {date} at {time} for {duration_minutes} minutes.",
          "Book {title} on {date} with {attendees}.",
          "Set up a meeting \"{title}\" on {date} at {time} with {attendees}."),
-        ("Pencil in \"{title}\" for {date}, starting {time}, inviting {attendees}.",
-         "Block {duration_minutes} minutes on {date} for {title}.", "Reserve {date} for \"{title}\"."),
+        ("Please schedule \"{title}\" for {date} at {time} and invite {attendees}.",
+         "Put a {duration_minutes} minute event \"{title}\" on my calendar on {date}.",
+         "I need an event called \"{title}\" on {date}."),
         "created", "The event {title} is on your calendar."),
     ToolSpec(
         "send_email", "Send an email",
@@ -132,18 +134,18 @@ CATALOG: tuple[ToolSpec, ...] = (
         ("to", "subject"),
         ("Email {to} about {subject}.", "Send an email to {to} with the subject \"{subject}\".",
          "Write to {to}: subject \"{subject}\", body \"{body}\"."),
-        ("Drop {to} a note titled \"{subject}\" that says \"{body}\".",
-         "Shoot a message over to {to} regarding {subject}."),
+        ("Please email {to} with the subject \"{subject}\" and the body \"{body}\".",
+         "Could you send an email to {to} regarding \"{subject}\"?"),
         "sent", "The email to {to} is sent."),
     ToolSpec(
         "set_reminder", "Reminders",
         (_str("text", "words"), _str("at", "clock_time"),
-         _enum("repeat", {"never": "once/just once|a single time", "daily": "every day/daily|each morning",
-                          "weekly": "every week/weekly|once a week"})),
+         _enum("repeat", {"never": "once/just once|only once", "daily": "every day/daily|every single day",
+                          "weekly": "every week/weekly|every single week"})),
         ("text", "at"),
         ("Remind me to {text} at {at}.", "Set a reminder at {at} to {text} {repeat}.",
          "At {at}, remind me about {text}."),
-        ("Nudge me about {text} at {at} {repeat}.", "Ping me at {at} so I do not forget {text}."),
+        ("Please remind me about {text} at {at} {repeat}.", "Could you set a reminder to {text} at {at}?"),
         "scheduled", "I will remind you at {at}."),
     ToolSpec(
         "translate", "Translate text",
@@ -153,7 +155,7 @@ CATALOG: tuple[ToolSpec, ...] = (
         ("text", "target_lang"),
         ("Translate \"{text}\" to {target_lang}.", "How do you say \"{text}\" in {target_lang}?",
          "Say \"{text}\" in {target_lang}."),
-        ("Render \"{text}\" {target_lang}, please.",),
+        ("Could you translate \"{text}\" {target_lang} for me?",),
         "{text} (translated)", "The translation is: {result}."),
     ToolSpec(
         "get_stock_price", "Finance",
@@ -162,17 +164,18 @@ CATALOG: tuple[ToolSpec, ...] = (
                             "NYSE": "on NYSE/on the NYSE|listed at NYSE"})),
         ("ticker",),
         ("What is the stock price of {ticker}?", "Quote {ticker} {exchange}.", "How is {ticker} trading?"),
-        ("Where is {ticker} trading right now {exchange}?", "Fetch the latest share price for {ticker}."),
+        ("Could you get the stock price of {ticker} {exchange}?", "I need the latest stock price for {ticker}."),
         "{price} USD", "{ticker} trades at {result}."),
     ToolSpec(
         "set_thermostat", "Thermostat",
         (Param("temperature", {"type": "number", "minimum": 10, "maximum": 30}, "num:16:28"),
-         _enum("mode", {"heat": "in heat mode/to heat|warming mode", "cool": "in cool mode/to cool|cooling mode",
-                        "auto": "in auto mode/automatically|automatic mode"})),
+         _enum("mode", {"heat": "in heat mode/to heat|in heat setting", "cool": "in cool mode/to cool|in cool setting",
+                        "auto": "in auto mode/automatically|in auto setting"})),
         ("temperature",),
         ("Set the thermostat to {temperature} degrees.", "Heat the house to {temperature} {mode}.",
          "Thermostat {temperature}, {mode}."),
-        ("Make it {temperature} degrees inside, {mode}.", "I would like the room at {temperature} degrees."),
+        ("Please set the thermostat at {temperature} degrees {mode}.",
+         "Could you change the thermostat to {temperature} degrees?"),
         "ok", "The thermostat is set to {temperature} degrees."),
 )
 
@@ -182,11 +185,11 @@ BY_NAME: dict[str, ToolSpec] = {spec.name: spec for spec in CATALOG}
 # phrasings ask for the same commands in words never used in training.
 SHELL_INTENTS: tuple[tuple[str, str, str], ...] = (
     ("pwd", "Show the current directory./Where am I in the file system?/Print the working directory.",
-     "Which folder is the shell in right now?"),
-    ("ls", "List the files here./Show the files in this directory.", "What is in this folder?"),
-    ("whoami", "Who am I logged in as?/Show my user name.", "Tell me which account the shell uses."),
-    ("df -h", "Show disk usage./How much disk space is free?", "Is the disk getting full?"),
-    ("date", "What is the date on the server?/Show the system date.", "Print the server clock."),
-    ("uptime", "How long has the machine been up?/Show the uptime.", "When did this box last boot?"),
-    ("ps aux", "Show running processes./List the processes.", "What programs are running right now?"),
+     "Could you print the current directory?"),
+    ("ls", "List the files here./Show the files in this directory.", "Please list the files here."),
+    ("whoami", "Who am I logged in as?/Show my user name.", "Please show my user name."),
+    ("df -h", "Show disk usage./How much disk space is free?", "Could you show the disk usage?"),
+    ("date", "What is the date on the server?/Show the system date.", "Please show the system date."),
+    ("uptime", "How long has the machine been up?/Show the uptime.", "Could you show the uptime?"),
+    ("ps aux", "Show running processes./List the processes.", "Please list the running processes."),
 )

@@ -1,6 +1,6 @@
 """Training state and one optimisation step (resumable: everything lives in `train_state.pt`).
 
-The data stream is a pure function of (seed, step): `DialogGenerator.training_scene(step)`.
+The data stream is a pure function of (seed, step): `DialogGenerator.training_scenes(step)`.
 The trained vocabulary is scanned from exactly the scenes the run will learn from. Resuming from a saved state continues the exact same
 stream and schedule.
 """
@@ -72,28 +72,39 @@ class Trainer:
 
     def train_step(self) -> dict:
         index = self.step_index
-        scene = self.encoder.scene(self.generator.training_scene(index,
-                                                                 self.settings.examples_per_scene))
         for group in self.optimizer.param_groups:
             group["lr"] = self._learning_rate(index)
-        kept = [e for e in scene.examples
-                if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)]
-        if not kept:
-            raise RuntimeError(f"training scene {index} has no example inside the vocabulary")
         rows = self.vocab.rows()
-        kept_scene = EncodedScene(scene.prefix_ids, kept, scene.scene)
-        scores = self.score(self.model(rows=rows), rows, kept_scene, with_mtp=True)
-        loss = scores.loss + self.settings.mtp_weight * scores.mtp_loss
+        model = self.model(rows=rows)
+        scores = [self.score(model, rows, scene, with_mtp=True)
+                  for scene in self._training_scenes(index)]
+        weights = [s.num_targets for s in scores]
+        loss = sum(s.loss * w for s, w in zip(scores, weights)) / sum(weights)
+        mtp_loss = sum(s.mtp_loss * w for s, w in zip(scores, weights)) / sum(weights)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss + self.settings.mtp_weight * mtp_loss).backward()
         norm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.settings.clip_norm)
         self.optimizer.step()
-        record = {"step": index + 1, "loss": scores.loss.item(), "mtp_loss": scores.mtp_loss.item(),
-                  "token_accuracy": scores.token_accuracy, "mtp_accuracy": scores.mtp_accuracy,
+        record = {"step": index + 1, "loss": loss.item(), "mtp_loss": mtp_loss.item(),
+                  "token_accuracy": _weighted(scores, "token_accuracy"),
+                  "mtp_accuracy": _weighted(scores, "mtp_accuracy"),
                   "grad_norm": float(norm), "lr": self._learning_rate(index)}
         self.history.append(record)
         self.step_index += 1
         return record
+
+    def _training_scenes(self, index: int) -> list[EncodedScene]:
+        """The step's scenes, each without the examples that hold an untrained token."""
+        kept_scenes = []
+        for scene in self.generator.training_scenes(index, self.settings.examples_per_scene):
+            encoded = self.encoder.scene(scene)
+            kept = [e for e in encoded.examples
+                    if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)]
+            if kept:
+                kept_scenes.append(EncodedScene(encoded.prefix_ids, kept, scene))
+        if not kept_scenes:
+            raise RuntimeError(f"training step {index} has no example inside the vocabulary")
+        return kept_scenes
 
     def score(self, model: DeepseekV4, rows: RowMap, scene: EncodedScene, with_mtp: bool
               ) -> SceneScores:
@@ -137,3 +148,8 @@ class Trainer:
             return s.learning_rate * (index + 1) / s.warmup_steps
         progress = (index - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
         return s.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _weighted(scores: list[SceneScores], key: str) -> float:
+    total = sum(s.num_targets for s in scores)
+    return sum(getattr(s, key) * s.num_targets for s in scores) / total

@@ -75,9 +75,9 @@ def scan_training(seed: int, scenes: int, examples: int) -> tuple[list[int], lis
     found: set[int] = set()
     copied: set[str] = set()
     for index in range(scenes):
-        encoded = encoder.scene(generator.training_scene(index, examples))
-        for item in encoded.examples:
-            found.update(item.prompt_ids)
-            found.update(item.completion_ids)
-            copied.update(item.example.copy_values)
+        for scene in generator.training_scenes(index, examples):
+            for item in encoder.scene(scene).examples:
+                found.update(item.prompt_ids)
+                found.update(item.completion_ids)
+                copied.update(item.example.copy_values)
     return sorted(found), sorted(copied)
