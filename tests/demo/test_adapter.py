@@ -29,7 +29,9 @@ def runtime(tiny_model_dir: Path) -> ModelRuntime:
 def scene() -> tuple[list[int], list[list[int]]]:
     rng = random.Random(0)
     prefix = [0] + [rng.randrange(100, 5000) for _ in range(150)]
-    return prefix, [prefix + [rng.randrange(100, 5000) for _ in range(n)] for n in (20, 45)]
+    # The second continuation crosses position 256, so the HCA layer (ratio 128) completes an entry
+    # outside the prefix (which is computed without gradient).
+    return prefix, [prefix + [rng.randrange(100, 5000) for _ in range(n)] for n in (20, 140)]
 
 
 def test_scene_hidden_and_mtp_equal_the_serving_runtime(runtime: ModelRuntime, scene) -> None:
