@@ -53,12 +53,12 @@ def measure_forward_decode(model_dir: Path, batch: int, prompt_len: int, steps: 
                            dtype: torch.dtype, device: str) -> DecodeFigures:
     blocks_per_seq = math.ceil((prompt_len + steps + 1) / BLOCK_SIZE)
     runtime = ModelRuntime(RuntimeConfig(model_dir=model_dir, dtype=dtype, device=device,
-                                         block_size=BLOCK_SIZE, num_blocks=batch * blocks_per_seq,
-                                         num_window_blocks=batch * blocks_per_seq))
+                                         block_size=BLOCK_SIZE, num_blocks=batch * blocks_per_seq))
     vocab = runtime.config.vocab_size
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+    tables = [runtime.cache.same_table_for_every_group(
+        list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))) for i in range(batch)]
     prompts = [[(97 * i + 13 * j + 5) % vocab for j in range(prompt_len)] for i in range(batch)]
-    last = runtime.step([SequenceChunk(i, 0, prompts[i], tables[i], tables[i], sample=True)
+    last = runtime.step([SequenceChunk(i, 0, prompts[i], tables[i], sample=True)
                          for i in range(batch)]).sampled
     position = prompt_len
     last, position = _decode_step(runtime, last, position, tables), position + 1  # warm-up
@@ -71,8 +71,8 @@ def measure_forward_decode(model_dir: Path, batch: int, prompt_len: int, steps: 
 
 
 def _decode_step(runtime: ModelRuntime, last: list[Optional[int]], position: int,
-                 tables: list[list[int]]) -> list[Optional[int]]:
-    chunks = [SequenceChunk(i, position, [token], tables[i], tables[i], sample=True)
+                 tables: list[dict[str, list[int]]]) -> list[Optional[int]]:
+    chunks = [SequenceChunk(i, position, [token], tables[i], sample=True)
               for i, token in enumerate(last)]
     return runtime.step(chunks).sampled
 

@@ -34,9 +34,9 @@ def bench_batch(runtime: ModelRuntime, batch: int, prompt_len: int, decode_steps
     gen = torch.Generator().manual_seed(batch)
     rows = []
     for i in range(batch):
-        table = list(range(i * blocks, (i + 1) * blocks))
+        tables = runtime.cache.same_table_for_every_group(list(range(i * blocks, (i + 1) * blocks)))
         prompt = [0] + torch.randint(3, 120000, (prompt_len - 1,), generator=gen).tolist()
-        rows.append(SequenceChunk(first_seq + i, 0, prompt, table, table, sample=True))
+        rows.append(SequenceChunk(first_seq + i, 0, prompt, tables, sample=True))
     start = time.perf_counter()
     out = runtime.step(rows)
     prefill_s = time.perf_counter() - start
@@ -44,12 +44,10 @@ def bench_batch(runtime: ModelRuntime, batch: int, prompt_len: int, decode_steps
     start = time.perf_counter()
     for step in range(decode_steps):
         pos = prompt_len + step
-        out = runtime.step([SequenceChunk(r.seq_id, pos, [tok], r.block_table, r.window_block_table,
-                                          sample=True) for r, tok in zip(rows, tokens)])
+        out = runtime.step([SequenceChunk(r.seq_id, pos, [tok], r.block_tables, sample=True)
+                            for r, tok in zip(rows, tokens)])
         tokens = out.sampled
     decode_s = time.perf_counter() - start
-    for r in rows:
-        runtime.free_sequence(r.seq_id)
     return batch * prompt_len / prefill_s, batch * decode_steps / decode_s
 
 
@@ -78,8 +76,7 @@ def main() -> None:
             total_blocks = blocks_per_seq * max(args.batches)
             runtime = ModelRuntime(RuntimeConfig(model_dir=model_dir, dtype=dtype,
                                                  device=args.device, block_size=BLOCK_SIZE,
-                                                 num_blocks=total_blocks,
-                                                 num_window_blocks=total_blocks))
+                                                 num_blocks=total_blocks))
             bench_batch(runtime, 1, 8, 2, first_seq=10_000)          # warm-up
             for batch in args.batches:
                 prefill, decode = bench_batch(runtime, batch, args.prompt_len,

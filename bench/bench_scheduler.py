@@ -1,10 +1,14 @@
 """Scheduler bookkeeping cost per step, and descriptor size per decode row.
 
-    python bench/bench_scheduler.py [--running 64 256] [--steps 200]
+    python bench/bench_scheduler.py [--running 64 256] [--steps 200] [--partitions 1 4]
+                                    [--no-prefix-caching]
 
-Drives `Scheduler.schedule()` / `commit()` directly (no gRPC, no model) with N requests in decode,
-timing the planning and the commit of one step separately, and measures the serialized
-`StepRequest` bytes of a decode step (proto conversion included in its own figure).
+Drives `Scheduler.schedule()` / `commit()` directly (no gRPC, no model) with N requests in decode
+spread over P cache partitions (DP groups; N/P running in each), timing the planning and the commit of one step separately, and measures the serialized
+`StepRequest` bytes of a decode step (proto conversion included in its own figure). The block
+groups are V4-Flash's (window 128, compressed, compressor rows with windows 8 and 128); prompts
+share their first 256 tokens and, with prefix caching (the default), every request after the first
+starts from that cached prefix, and decode steps publish the blocks they fill.
 """
 from __future__ import annotations
 
@@ -18,23 +22,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.scheduler.kv_cache import BlockGroupSpec, KvCacheManager  # noqa: E402
 from services.scheduler.requests import Request  # noqa: E402
-from services.scheduler.scheduler import Scheduler, SchedulingLimits  # noqa: E402
-from services.scheduler.step_plan import RowResult, StepPlan, StepResult  # noqa: E402
-from services.scheduler.worker_protos import plan_to_proto  # noqa: E402
+from services.scheduler.limits import SchedulingLimits  # noqa: E402
+from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash  # noqa: E402
+from services.scheduler.scheduler import Scheduler  # noqa: E402
+from services.common.step_descriptors import RowResult, StepPlan, StepResult  # noqa: E402
+from services.common.step_protos import plan_to_proto  # noqa: E402
 
 VOCAB = 129_280
 EOS = 1
 BLOCK_SIZE = 32
 PROMPT_LEN = 512
+SHARED_LEN = 256
 
 
-def make_scheduler(num_running: int) -> Scheduler:
-    groups = (BlockGroupSpec("window", num_running * (PROMPT_LEN // BLOCK_SIZE + 1), 128),
-              BlockGroupSpec("compressed", num_running * 64, 0))
-    limits = SchedulingLimits(max_model_len=16384, max_num_seqs=num_running,
+def make_scheduler(num_running: int, prefix_caching: bool, num_partitions: int) -> Scheduler:
+    per_partition = num_running // num_partitions
+    blocks = per_partition * 64
+    groups = (BlockGroupSpec("window", blocks, 128), BlockGroupSpec("compressed", blocks, 0),
+              BlockGroupSpec("csa_state", blocks, 8), BlockGroupSpec("hca_state", blocks, 128))
+    limits = SchedulingLimits(max_model_len=16384, max_num_seqs=per_partition,
                               max_num_batched_tokens=1 << 20, long_prefill_token_threshold=0,
                               stall_timeout_s=5.0, eos_token_id=EOS)
-    return Scheduler(limits, KvCacheManager(BLOCK_SIZE, {0: groups}))
+    policy = PrefixCachePolicy(prefix_caching, root_hash("bench", "bfloat16", BLOCK_SIZE))
+    partitions = {pid: groups for pid in range(num_partitions)}
+    return Scheduler(limits, KvCacheManager(BLOCK_SIZE, partitions), prefix_policy=policy)
+
+
+def start_all(scheduler: Scheduler, num_running: int, steps: int) -> StepPlan:
+    """The first request alone (it fills the cache), then the others in one step."""
+    for i in range(num_running):
+        prompt = [2 + j % 1000 for j in range(SHARED_LEN)]
+        prompt += [2 + (i + j) % 1000 for j in range(PROMPT_LEN - SHARED_LEN)]
+        scheduler.add(Request(request_id=f"r{i}", prompt_token_ids=prompt,
+                              max_tokens=steps + 10, logit_bias=(), ignore_eos=False,
+                              constraint=None, emit=lambda event: None, arrival=i))
+        if i == 0:
+            first = scheduler.schedule()
+            scheduler.commit(first, answer(first, 0))
+    prefill = scheduler.schedule()
+    scheduler.commit(prefill, answer(prefill, 0))
+    return prefill
 
 
 def answer(plan: StepPlan, step: int) -> StepResult:
@@ -44,15 +71,12 @@ def answer(plan: StepPlan, step: int) -> StepResult:
                        for row in plan.rows if row.sample])
 
 
-def bench(num_running: int, steps: int) -> dict[str, float]:
-    scheduler = make_scheduler(num_running)
-    for i in range(num_running):
-        prompt = [2 + (i + j) % 1000 for j in range(PROMPT_LEN)]
-        scheduler.add(Request(request_id=f"r{i}", prompt_token_ids=prompt,
-                              max_tokens=steps + 10, logit_bias=(), ignore_eos=False,
-                              constraint=None, emit=lambda event: None, arrival=i))
-    prefill = scheduler.schedule()
-    scheduler.commit(prefill, answer(prefill, 0))
+def bench(num_running: int, steps: int, prefix_caching: bool,
+          num_partitions: int) -> dict[str, float]:
+    scheduler = make_scheduler(num_running, prefix_caching, num_partitions)
+    admit_started = time.perf_counter()
+    prefill = start_all(scheduler, num_running, steps)
+    admit_s = time.perf_counter() - admit_started
     schedule_s, commit_s, proto_s, row_bytes = [], [], [], []
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
@@ -75,23 +99,35 @@ def bench(num_running: int, steps: int) -> dict[str, float]:
             "commit_ms": 1e3 * statistics.median(commit_s),
             "to_proto_ms": 1e3 * statistics.median(proto_s),
             "bytes_per_row": statistics.mean(row_bytes),
-            "new_sequence_bytes": plan_to_proto(prefill).ByteSize() / num_running}
+            "new_sequence_bytes": plan_to_proto(prefill).ByteSize() / (num_running - 1),
+            "admit_ms": 1e3 * admit_s,
+            "hit_rate": scheduler.counters.prefix_cache_hits_total
+            / max(1, scheduler.counters.prefix_cache_queries_total)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--running", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false")
     args = parser.parse_args()
-    print(f"decode steps: {args.steps}, prompt {PROMPT_LEN} tokens, block size {BLOCK_SIZE}, "
-          f"window 128 (medians per step)")
-    for num_running in args.running:
-        f = bench(num_running, args.steps)
-        print(f"running={num_running:4d}  schedule {f['schedule_ms']:.3f} ms  commit "
-              f"{f['commit_ms']:.3f} ms  to-proto+serialize {f['to_proto_ms']:.3f} ms  "
-              f"per request {1e3 * (f['schedule_ms'] + f['commit_ms']) / num_running:.1f} µs  "
-              f"decode row {f['bytes_per_row']:.1f} B  NewSequence+prefill row "
-              f"{f['new_sequence_bytes']:.0f} B")
+    print(f"decode steps: {args.steps}, prompt {PROMPT_LEN} tokens ({SHARED_LEN} shared), block "
+          f"size {BLOCK_SIZE}, V4 block groups, prefix caching "
+          f"{'on' if args.prefix_caching else 'off'} (medians per step)")
+    for num_partitions in args.partitions:
+        for num_running in args.running:
+            report(num_running, num_partitions,
+                   bench(num_running, args.steps, args.prefix_caching, num_partitions))
+
+
+def report(num_running: int, num_partitions: int, f: dict[str, float]) -> None:
+    print(f"partitions={num_partitions} running={num_running:4d}  schedule "
+          f"{f['schedule_ms']:.3f} ms  commit {f['commit_ms']:.3f} ms  to-proto+serialize "
+          f"{f['to_proto_ms']:.3f} ms  per request "
+          f"{1e3 * (f['schedule_ms'] + f['commit_ms']) / num_running:.1f} µs  decode row "
+          f"{f['bytes_per_row']:.1f} B  NewSequence+prefill row {f['new_sequence_bytes']:.0f} B  "
+          f"admitting all {f['admit_ms']:.1f} ms  hit rate {f['hit_rate']:.2f}")
 
 
 if __name__ == "__main__":

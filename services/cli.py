@@ -19,9 +19,11 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Coroutine, Optional, Sequence
 
 from services.common import cli_args, cli_flags, cli_values
+from services.common.logs import configure_logging
 
 logger = logging.getLogger("dsv4serve")
 
@@ -29,11 +31,14 @@ logger = logging.getLogger("dsv4serve")
 def run_stack(argv: Sequence[str]) -> int:
     from services import launcher
 
-    return launcher.run_stack(cli_args.parse_stack_args(argv))
+    config = cli_args.parse_stack_args(argv)
+    configure_logging(config.frontend.ops.log_format, "launcher")
+    return launcher.run_stack(config)
 
 
 def run_worker(argv: Sequence[str]) -> int:
     config = cli_args.parse_worker_args(argv)
+    configure_logging(config.ops.log_format, "worker")
     from services.worker.server import serve
 
     return _run_service(serve(config))
@@ -41,6 +46,7 @@ def run_worker(argv: Sequence[str]) -> int:
 
 def run_scheduler(argv: Sequence[str]) -> int:
     config = cli_args.parse_scheduler_args(argv)
+    configure_logging(config.ops.log_format, "scheduler")
     from services.scheduler.server import serve
 
     return _run_service(serve(config))
@@ -48,7 +54,8 @@ def run_scheduler(argv: Sequence[str]) -> int:
 
 def run_frontend(argv: Sequence[str]) -> int:
     config = cli_args.parse_frontend_args(argv)
-    from services.frontend.app import serve
+    configure_logging(config.ops.log_format, "frontend")
+    from services.frontend.serving import serve
 
     return _run_service(serve(config))
 
@@ -94,11 +101,17 @@ def run_probe(argv: Sequence[str]) -> int:
     parser.add_argument("target", help="gRPC host:port, or an HTTP URL such as http://127.0.0.1:8000/health")
     parser.add_argument("--service", default="", help="gRPC health service name (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds")
+    parser.add_argument("--tls-cert", type=Path, default=None, metavar="PEM",
+                        help="client certificate (for a server that requires one: --tls-ca on it)")
+    parser.add_argument("--tls-key", type=Path, default=None, metavar="PEM", help="the key of --tls-cert")
+    parser.add_argument("--tls-ca", type=Path, default=None, metavar="PEM", help="CA to verify the server")
     args = parser.parse_args(list(argv))
     if args.kind == "grpc":
+        from services.common.config import TlsConfig
         from services.common.grpc_server import probe_health
 
-        return 0 if probe_health(args.target, args.service, args.timeout) else 1
+        tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+        return 0 if probe_health(args.target, args.service, args.timeout, tls) else 1
     import httpx
 
     try:
@@ -176,10 +189,15 @@ def run_check(argv: Sequence[str], out: Any = sys.stdout) -> int:
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     parser.add_argument("--max-tokens", type=cli_values.positive_int, default=256)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"the gateway's API key (default: ${cli_flags.API_KEY_ENV})")
     args = parser.parse_args(list(argv))
     import httpx
 
-    with httpx.Client(base_url=args.url, timeout=args.timeout, trust_env=False) as client:
+    api_key = args.api_key or os.environ.get(cli_flags.API_KEY_ENV)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=args.url, timeout=args.timeout, trust_env=False,
+                      headers=headers) as client:
         results = run_checks(client, args.model, args.max_tokens, out)
     return 0 if all(r.passed for r in results) else 1
 
@@ -236,9 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     args = parser.parse_args(argv[:1])
-    logging.basicConfig(level=os.environ.get("DSV4SERVE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness poll otherwise
+    configure_logging("text", args.command)  # services switch to their --log-format once parsed
     from services.launcher import follow_launcher
 
     follow_launcher(os.environ)

@@ -1,11 +1,12 @@
 """`dsv4serve stack`: worker, scheduler and frontend as three local child processes.
 
 Start order is worker → scheduler → frontend, each waited on by its own readiness check (gRPC health
-SERVING, then HTTP /health 200) under one startup deadline. Afterwards the launcher only supervises:
-Ctrl-C / SIGTERM stops the stack cleanly (exit 0); a child that exits on its own stops the rest
-(exit 1). Stopping goes in reverse order: SIGTERM, a grace period, then SIGKILL to the child's whole
-process group, so rank processes a worker spawned never outlive it. A child started by the launcher
-also gets SIGTERM if the launcher itself dies (`follow_launcher`, Linux parent-death signal).
+SERVING — over TLS when the stack has certificates — then HTTP /health 200) under one startup
+deadline. Afterwards the launcher only supervises (`supervisor.py`): Ctrl-C / SIGTERM stops the stack
+cleanly (exit 0); a child that exits on its own stops the rest (exit 1), or with
+`--restart-on-failure` is restarted (capped, with backoff). Stopping goes in reverse order, each child
+getting its own shutdown grace plus a margin before SIGKILL. A child started by the launcher also gets
+SIGTERM if the launcher itself dies (`follow_launcher`, Linux parent-death signal).
 """
 from __future__ import annotations
 
@@ -16,79 +17,22 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, TextIO
+from dataclasses import replace
+from typing import TextIO
 
 import httpx
 
 from services.common import cli_args, cli_argv, grpc_server
-from services.common.config import StackConfig
+from services.common.config import StackConfig, TlsConfig
+from services.supervisor import ChildSpec, RestartPolicy, run_supervised
 
 logger = logging.getLogger(__name__)
 
-READY_POLL_S = 0.25
-SUPERVISE_POLL_S = 0.5
-STOP_GRACE_S = 15.0
+# Beyond a child's own --shutdown-grace-s: the frontend's flush of error events and process exit.
+STOP_MARGIN_S = 10.0
 _PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "DSV4SERVE_LAUNCHER_PID"
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """One service process: its command and how to tell that it is ready."""
-
-    name: str
-    command: list[str]
-    is_ready: Callable[[], bool]
-    ready_description: str
-
-
-class StartupFailed(Exception):
-    """A child exited or missed the deadline before the stack was ready; the message says which."""
-
-
-class StopRequested(Exception):
-    """SIGINT/SIGTERM arrived while the stack was starting."""
-
-
-class Children:
-    """Owns the running child processes (started in order, stopped in reverse order)."""
-
-    def __init__(self, log_dir: Optional[Path], env: dict[str, str]) -> None:
-        self._log_dir = log_dir
-        self._env = env
-        self._running: list[tuple[str, subprocess.Popen]] = []
-
-    def start(self, spec: ChildSpec) -> subprocess.Popen:
-        output = None
-        if self._log_dir is not None:
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self._log_dir / f"{spec.name}.log", "ab")
-        try:
-            proc = subprocess.Popen(spec.command, env=self._env, stdout=output, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        finally:
-            if output is not None:
-                output.close()  # the child holds its own descriptor
-        self._running.append((spec.name, proc))
-        logger.info("started %s (pid %d)", spec.name, proc.pid)
-        return proc
-
-    def first_exited(self) -> Optional[tuple[str, int]]:
-        for name, proc in self._running:
-            if proc.poll() is not None:
-                return name, proc.returncode
-        return None
-
-    def stop_all(self, grace_s: float) -> None:
-        while self._running:
-            name, proc = self._running.pop()
-            _stop_process_group(name, proc, grace_s)
 
 
 def follow_launcher(environ: dict[str, str] | os._Environ) -> None:
@@ -105,88 +49,21 @@ def follow_launcher(environ: dict[str, str] | os._Environ) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _stop_process_group(name: str, proc: subprocess.Popen, grace_s: float) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("%s did not stop within %.0fs of SIGTERM; killing it", name, grace_s)
-    # The child leads its own session: this also reaches processes it spawned (worker ranks).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    logger.info("%s stopped (status %s)", name, proc.returncode)
-
-
-def wait_until_ready(spec: ChildSpec, proc: subprocess.Popen, deadline: float, stop: threading.Event) -> None:
-    while not spec.is_ready():
-        if proc.poll() is not None:
-            raise StartupFailed(f"{spec.name} exited with status {proc.returncode} before it was ready")
-        if stop.is_set():
-            raise StopRequested()
-        if time.monotonic() >= deadline:
-            raise StartupFailed(f"{spec.name} was not ready ({spec.ready_description}) before the startup "
-                                f"deadline; see its log")
-        stop.wait(READY_POLL_S)
-
-
-def supervise(specs: Sequence[ChildSpec], startup_timeout_s: float, log_dir: Optional[Path],
-              stop: threading.Event, on_ready: Callable[[], None], grace_s: float = STOP_GRACE_S,
-              env: Optional[dict[str, str]] = None) -> int:
-    """Start `specs` in order, call `on_ready`, run until `stop` is set or a child exits; stop them all.
-
-    Returns 0 after a requested stop, 1 when startup failed or a child exited on its own.
-    """
-    children = Children(log_dir, dict(os.environ) if env is None else env)
-    deadline = time.monotonic() + startup_timeout_s
-    try:
-        for spec in specs:
-            wait_until_ready(spec, children.start(spec), deadline, stop)
-        on_ready()
-        while not stop.wait(SUPERVISE_POLL_S):
-            exited = children.first_exited()
-            if exited is not None:
-                logger.error("%s exited with status %d; stopping the stack", *exited)
-                return 1
-        return 0
-    except StartupFailed as exc:
-        logger.error("stack startup failed: %s", exc)
-        return 1
-    except StopRequested:
-        logger.info("stop requested during startup")
-        return 0
-    finally:
-        children.stop_all(grace_s)
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM set `stop` (instead of raising) while inside the block."""
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def run_supervised(specs: Sequence[ChildSpec], startup_timeout_s: float, log_dir: Optional[Path],
-                   on_ready: Callable[[], None], env: Optional[dict[str, str]] = None) -> int:
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        return supervise(specs, startup_timeout_s, log_dir, stop, on_ready, env=env)
-
-
 # ---- the dsv4serve stack ----
 
 def run_stack(cfg: StackConfig, out: TextIO = sys.stdout) -> int:
     cfg = with_free_ports(cfg)
     if cfg.ready_file is not None:
         cfg.ready_file.unlink(missing_ok=True)  # it must only ever describe this run, while it is ready
+    graces = (cfg.worker.ops.shutdown_grace_s, cfg.scheduler.ops.shutdown_grace_s,
+              cfg.frontend.ops.shutdown_grace_s)
     try:
         return run_supervised(child_specs(cfg), cfg.startup_timeout_s, cfg.log_dir,
-                              on_ready=lambda: announce_ready(cfg, out), env=child_env(os.environ))
+                              on_ready=lambda: announce_ready(cfg, out),
+                              env={**child_env(os.environ), **cli_argv.frontend_env(cfg.frontend)},
+                              grace_s=max(graces) + STOP_MARGIN_S,
+                              restart=RestartPolicy() if cfg.restart_on_failure else None,
+                              on_children=lambda pids: write_ready_file(cfg, pids))
     finally:
         if cfg.ready_file is not None:
             cfg.ready_file.unlink(missing_ok=True)
@@ -196,12 +73,13 @@ def child_specs(cfg: StackConfig) -> list[ChildSpec]:
     worker_address = f"{cfg.worker.host}:{cfg.worker.port}"
     scheduler_address = f"{cfg.scheduler.host}:{cfg.scheduler.port}"
     health_url = f"{frontend_url(cfg)}/health"
+    tls = cfg.scheduler.ops.tls  # the stack's one identity, which the worker also accepts
     return [
         ChildSpec("worker", _service_command("worker", cli_argv.worker_argv(cfg.worker)),
-                  lambda: _grpc_serving(worker_address, "dsv4serve.v1.Worker"),
+                  lambda: _grpc_serving(worker_address, "dsv4serve.v1.Worker", tls),
                   f"gRPC health SERVING at {worker_address}"),
         ChildSpec("scheduler", _service_command("scheduler", cli_argv.scheduler_argv(cfg.scheduler)),
-                  lambda: _grpc_serving(scheduler_address, "dsv4serve.v1.Scheduler"),
+                  lambda: _grpc_serving(scheduler_address, "dsv4serve.v1.Scheduler", tls),
                   f"gRPC health SERVING at {scheduler_address}"),
         ChildSpec("frontend", _service_command("frontend", cli_argv.frontend_argv(cfg.frontend)),
                   lambda: _http_ok(health_url), f"GET {health_url} → 200"),
@@ -212,9 +90,10 @@ def _service_command(name: str, argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "services.cli", name, *argv]
 
 
-def _grpc_serving(address: str, service: str) -> bool:
+def _grpc_serving(address: str, service: str, tls: TlsConfig) -> bool:
     """The whole server or the named service reports SERVING (either is how a service may say it)."""
-    return grpc_server.probe_health(address, "", 1.0) or grpc_server.probe_health(address, service, 1.0)
+    return (grpc_server.probe_health(address, "", 1.0, tls)
+            or grpc_server.probe_health(address, service, 1.0, tls))
 
 
 def _http_ok(url: str) -> bool:
@@ -274,13 +153,30 @@ def announce_ready(cfg: StackConfig, out: TextIO) -> None:
     body = json.dumps({"model": cfg.frontend.served_model_name,
                        "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     print(f"dsv4serve stack is ready: {url}  (model {cfg.frontend.served_model_name})\n"
-          f"  scheduler {scheduler_address}  (grpcurl -plaintext {scheduler_address} list)\n"
+          f"  scheduler {scheduler_address}  (grpcurl {_grpcurl_security(cfg.scheduler.ops.tls)} "
+          f"{scheduler_address} list)\n"
           f"  worker    {worker_address}\n"
           f"Try:\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'\n"
           f"Stop with Ctrl-C.", file=out, flush=True)
-    if cfg.ready_file is not None:
-        ready = {"base_url": url, "scheduler_address": scheduler_address, "worker_address": worker_address,
-                 "served_model_name": cfg.frontend.served_model_name}
-        tmp = cfg.ready_file.with_name(cfg.ready_file.name + ".tmp")
-        tmp.write_text(json.dumps(ready))
-        tmp.replace(cfg.ready_file)  # atomic: a reader never sees half a file
+
+
+def _grpcurl_security(tls: TlsConfig) -> str:
+    if not tls.dials_tls:
+        return "-plaintext"
+    flags = [f"-cacert {tls.ca_file}"] if tls.ca_file else []
+    if tls.cert_file is not None:
+        flags += [f"-cert {tls.cert_file}", f"-key {tls.key_file}"]
+    return " ".join(flags)
+
+
+def write_ready_file(cfg: StackConfig, pids: dict[str, int]) -> None:
+    """{"base_url", "scheduler_address", "worker_address", "served_model_name", "pids"}; rewritten
+    after a restart (new pids). Atomic: a reader never sees half a file."""
+    if cfg.ready_file is None:
+        return
+    ready = {"base_url": frontend_url(cfg), "scheduler_address": f"{cfg.scheduler.host}:{cfg.scheduler.port}",
+             "worker_address": f"{cfg.worker.host}:{cfg.worker.port}",
+             "served_model_name": cfg.frontend.served_model_name, "pids": pids}
+    tmp = cfg.ready_file.with_name(cfg.ready_file.name + ".tmp")
+    tmp.write_text(json.dumps(ready))
+    tmp.replace(cfg.ready_file)

@@ -7,6 +7,8 @@ elsewhere still passes; CI has it.
 from __future__ import annotations
 
 import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -53,3 +55,37 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-a")
     write_tiny_checkpoint(out, preset="tiny-a", seed=1)
     return out
+
+
+@dataclass(frozen=True)
+class DevCerts:
+    """Certificates from scripts/gen-dev-certs.sh: one CA, and a key + certificate per name."""
+
+    directory: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.directory / "ca.pem"
+
+    def cert(self, name: str) -> Path:
+        return self.directory / f"{name}.pem"
+
+    def key(self, name: str) -> Path:
+        return self.directory / f"{name}.key"
+
+    def tls(self, name: str):
+        """The `TlsConfig` of identity `name` (mutual TLS: with the CA)."""
+        from services.common.config import TlsConfig
+
+        return TlsConfig(cert_file=self.cert(name), key_file=self.key(name), ca_file=self.ca)
+
+
+@pytest.fixture(scope="session")
+def dev_certs(tmp_path_factory: pytest.TempPathFactory) -> DevCerts:
+    """A test CA with `stack` and `client` identities, made by the project's own dev-cert script;
+    a separate `rogue` CA and identity that the test CA did not sign."""
+    out = tmp_path_factory.mktemp("certs")
+    for directory, names in ((out, ("stack", "client")), (out / "rogue", ("rogue",))):
+        subprocess.run(["sh", str(REPO_ROOT / "scripts" / "gen-dev-certs.sh"), str(directory), *names],
+                       check=True, capture_output=True, timeout=60)
+    return DevCerts(out)

@@ -78,9 +78,9 @@ def test_make_setup_installs_cpu_torch_first_and_is_stamped_on_pyproject() -> No
 
 def test_dockerfile_uses_the_same_cpu_torch_pin_and_installs_the_project() -> None:
     dockerfile = (REPO_ROOT / "docker" / "Dockerfile").read_text()
-    assert dockerfile.startswith("#") and "FROM python:3.11-slim" in dockerfile
+    assert dockerfile.startswith("#") and "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}\n" in dockerfile
     assert "ARG TORCH_VERSION=2.13.0" in dockerfile and "download.pytorch.org/whl/cpu" in dockerfile
-    assert "RUN pip install ." in dockerfile
+    assert "RUN pip install --no-deps ." in dockerfile
 
 
 def test_compose_has_three_services_from_one_image() -> None:
@@ -138,3 +138,18 @@ def test_frontend_can_scale_without_host_port_conflicts() -> None:
 def test_probe_subcommand_reports_an_unreachable_target() -> None:
     assert cli.main(["probe", "grpc", "127.0.0.1:1", "--timeout", "0.5"]) == 1
     assert cli.main(["probe", "http", "http://127.0.0.1:1/health", "--timeout", "0.5"]) == 1
+
+
+def test_the_16_rank_compose_file_covers_the_world_once_through_one_rendezvous() -> None:
+    services = yaml.safe_load((REPO_ROOT / "docker" / "docker-compose.16rank.yml").read_text())[
+        "services"]
+    kw = dict(environ={}, default_model_dir=no_default_model)
+    workers = {name: cli_args.parse_worker_args(command_of(services[name])[2:], **kw)
+               for name in ("worker-a", "worker-b")}
+    scheduler = cli_args.parse_scheduler_args(command_of(services["scheduler"])[2:], **kw)
+    ranks = sorted(rank for worker in workers.values() for rank in worker.driven_ranks)
+    assert ranks == list(range(16))
+    assert {w.topology.world_size for w in workers.values()} == {16}
+    assert {w.dist_init_addr for w in workers.values()} == {"worker-a:29500"}
+    assert 0 in workers["worker-a"].driven_ranks  # the rendezvous host drives rank 0
+    assert scheduler.worker_addresses == ("worker-a:50061", "worker-b:50061")

@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from services.common.cli_flags import (LOCAL_HOST, build_frontend_parser, build_scheduler_parser,
-                                       build_stack_parser, build_worker_parser)
+from services.common.cli_flags import (API_KEY_ENV, LOCAL_HOST, build_frontend_parser,
+                                       build_scheduler_parser, build_stack_parser, build_worker_parser)
 from services.common.cli_values import DSPARK_METHOD
-from services.common.config import (FrontendConfig, SchedulerConfig, StackConfig, TopologyConfig,
+from services.common.config import (FrontendConfig, OpsConfig, RequestBounds, SchedulerConfig,
+                                    SchemaBounds, StackConfig, TlsConfig, TopologyConfig,
                                     WorkerConfig)
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,6 @@ def npu_only_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> l
 def not_yet_implemented_warnings(args: argparse.Namespace) -> list[str]:
     """Operators' flags this release accepts but does not act on yet: said out loud, never silently."""
     messages = []
-    if getattr(args, "enable_prefix_caching", None):
-        messages.append("--enable-prefix-caching: prefix caching is not implemented yet; "
-                        "every prompt is computed in full")
     speculative = getattr(args, "speculative_config", None)
     if speculative is not None and speculative.num_speculative_tokens > 0:
         messages.append(f"--speculative-config: {speculative.method} speculative decoding is not implemented "
@@ -92,13 +90,50 @@ def check_speculative(args: argparse.Namespace, topology: Optional[TopologyConfi
                         f"the world size --dp {topology.dp} × --tp {topology.tp} = {topology.world_size}")
 
 
+def check_host_ranks(args: argparse.Namespace, topology: TopologyConfig) -> None:
+    """--ranks must lie inside the world; a worker driving part of it needs --dist-init-addr."""
+    ranks = getattr(args, "ranks", None)
+    if ranks is None:
+        return
+    if ranks[-1] >= topology.world_size:
+        raise FlagError(f"--ranks lists rank {ranks[-1]}, but --dp {topology.dp} × --tp {topology.tp} "
+                        f"makes ranks 0..{topology.world_size - 1}")
+    if ranks != tuple(range(topology.world_size)) and args.dist_init_addr is None:
+        raise FlagError(f"--ranks {_describe_ranks(ranks)} drives part of a {topology.world_size}-rank world: "
+                        f"--dist-init-addr HOST:PORT must name the rendezvous (served by the worker "
+                        f"driving rank 0)")
+
+
+def _describe_ranks(ranks: tuple[int, ...]) -> str:
+    return ",".join(map(str, ranks))
+def ops_from_args(args: argparse.Namespace, serves_grpc: bool) -> OpsConfig:
+    tls = TlsConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    return OpsConfig(tls=tls, grpc_reflection=args.grpc_reflection if serves_grpc else True,
+                     shutdown_grace_s=args.shutdown_grace_s, log_format=args.log_format)
+
+
+def check_tls(args: argparse.Namespace, serves_grpc: bool) -> None:
+    """A certificate needs its key (and the reverse); a gRPC server with a CA needs a certificate;
+    every file named must exist."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise FlagError("--tls-cert and --tls-key go together: give both or neither")
+    if serves_grpc and args.tls_ca is not None and args.tls_cert is None:
+        raise FlagError("--tls-ca makes the gRPC server require client certificates, so it needs "
+                        "its own --tls-cert and --tls-key")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca)):
+        if path is not None and not path.is_file():
+            raise FlagError(f"{flag} {path}: no such file")
+
+
 def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> WorkerConfig:
     return WorkerConfig(
         model_dir=model_dir, host=args.host, port=args.port, topology=topology_from_args(args),
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
-        torch_threads=args.torch_threads,
+        torch_threads=args.torch_threads, ranks=getattr(args, "ranks", None),
+        dist_init_addr=getattr(args, "dist_init_addr", None),
+        ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -110,8 +145,10 @@ def scheduler_config_from_args(args: argparse.Namespace, model_dir: Path,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
-        enable_prefix_caching=bool(args.enable_prefix_caching), speculative=args.speculative_config,
-        generate_defaults=args.generate_config,
+        enable_prefix_caching=args.enable_prefix_caching,
+        preempt_constrained=args.preempt_constrained, speculative=args.speculative_config,
+        generate_defaults=args.generate_config, max_waiting_requests=args.max_waiting_requests,
+        ops=ops_from_args(args, serves_grpc=True),
     )
 
 
@@ -119,8 +156,19 @@ def frontend_config_from_args(args: argparse.Namespace, model_dir: Path, schedul
     return FrontendConfig(
         model_dir=model_dir, served_model_name=args.served_model_name or model_dir.name,
         scheduler_address=scheduler_address, host=args.host, port=args.port,
-        generate_defaults=args.generate_config,
+        generate_defaults=args.generate_config, request_timeout_s=args.request_timeout_s,
+        ops=ops_from_args(args, serves_grpc=False), bounds=request_bounds_from_args(args),
+        api_key=args.api_key, auth_exempt_paths=args.auth_exempt_paths,
     )
+
+
+def request_bounds_from_args(args: argparse.Namespace) -> RequestBounds:
+    schema = SchemaBounds(
+        max_depth=args.max_schema_depth, max_nodes=args.max_schema_nodes,
+        max_properties=args.max_schema_properties, max_enum_values=args.max_enum_values,
+        max_length_keyword=args.max_schema_length, max_grammar_bytes=args.max_grammar_bytes)
+    return RequestBounds(max_request_body_bytes=args.max_request_body_bytes,
+                         max_json_depth=args.max_json_depth, max_tools=args.max_tools, schema=schema)
 
 
 def stack_config_from_args(args: argparse.Namespace, model_dir: Path) -> StackConfig:
@@ -130,7 +178,8 @@ def stack_config_from_args(args: argparse.Namespace, model_dir: Path) -> StackCo
     scheduler = scheduler_config_from_args(scheduler_args, model_dir, (f"{LOCAL_HOST}:{args.worker_port}",))
     frontend = frontend_config_from_args(args, model_dir, f"{LOCAL_HOST}:{args.scheduler_port}")
     return StackConfig(worker=worker, scheduler=scheduler, frontend=frontend,
-                       startup_timeout_s=args.startup_timeout, log_dir=args.log_dir, ready_file=args.ready_file)
+                       startup_timeout_s=args.startup_timeout, log_dir=args.log_dir, ready_file=args.ready_file,
+                       restart_on_failure=args.restart_on_failure)
 
 
 # ---- entry points: argv → config ----
@@ -162,7 +211,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
            default_model_dir: Optional[ModelDirResolver],
            build: Callable[[argparse.Namespace, Path], Any]) -> Any:
     args = parser.parse_args(list(argv))
-    for message in npu_only_warnings(args, os.environ if environ is None else environ):
+    environ = os.environ if environ is None else environ
+    if getattr(args, "api_key", "") is None:
+        args.api_key = environ.get(API_KEY_ENV) or None   # the flag wins over the environment
+    for message in npu_only_warnings(args, environ):
         logger.warning(message)
     for message in not_yet_implemented_warnings(args):
         logger.warning(message)
@@ -172,17 +224,43 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
         parser.error(str(exc))
     # Resolved only after every flag checked out: generating the default model takes a while.
     model_dir = args.model or (default_model_dir or demo_default_model_dir)()
+    try:
+        check_topology_fits_model(args, model_dir)
+    except FlagError as exc:
+        parser.error(str(exc))
     return build(args, model_dir)
+
+
+def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None:
+    """--tp and --ep must divide what they split in the model (a FlagError names both)."""
+    if not hasattr(args, "tp"):
+        return
+    from services.worker.model.config import ConfigError, ModelConfig
+    from services.worker.model.parallel import TopologyError, check_topology
+
+    try:
+        model = ModelConfig.from_json_file(Path(model_dir) / "config.json")
+    except (OSError, ConfigError):
+        return  # the worker reports an unreadable model with its own, precise error
+    try:
+        check_topology(model, args.dp, args.tp, args.ep)
+    except TopologyError as error:
+        raise FlagError(f"{error} (model {model_dir})") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """Raise FlagError for the first invalid value or combination among the flags `args` has."""
     topology = topology_from_args(args) if hasattr(args, "backend") else None
     check_speculative(args, topology)
+    if topology is not None:
+        check_host_ranks(args, topology)
+    check_tls(args, serves_grpc=hasattr(args, "grpc_reflection"))
     if topology is not None and topology.backend == "cpu" and args.devices:
         logger.warning("--devices %s has no effect with --backend cpu", ",".join(map(str, args.devices)))
     if getattr(args, "startup_timeout", 1.0) <= 0:
         raise FlagError(f"--startup-timeout {args.startup_timeout} must be positive")
+    if getattr(args, "api_key", None) == "":
+        raise FlagError("--api-key must not be empty (leave it out to serve without a key)")
 
 
 def demo_default_model_dir() -> Path:

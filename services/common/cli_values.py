@@ -25,6 +25,30 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of seconds, got {text!r}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -52,6 +76,27 @@ def device_list(text: str) -> tuple[int, ...]:
     if any(d < 0 for d in devices) or len(set(devices)) != len(devices):
         raise argparse.ArgumentTypeError(f"device ids must be distinct and non-negative, got {text!r}")
     return devices
+
+
+def rank_set(text: str) -> tuple[int, ...]:
+    """`0-7`, `8-15`, `0,1,4-5` → ascending distinct global ranks."""
+    ranks: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            ranks.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must list ranks such as 0-7 or 0,1,2, got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"must list non-negative ranks such as 0-7, got {text!r}")
+    return tuple(sorted(ranks))
+def path_list(text: str) -> tuple[str, ...]:
+    """Comma-separated URL paths, each starting with '/'; '' is the empty list."""
+    paths = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [path for path in paths if not path.startswith("/")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"paths must start with '/': {bad[0]!r}")
+    return paths
 
 
 def address_list(text: str) -> tuple[str, ...]:

@@ -1,14 +1,13 @@
 """The one place where training calls the runtime's DeepSeek-V4 code (autograd runs through it).
 
 `run_scene` computes a shared prefix once and then every continuation from it, the way a prefix
-cache would: the prefix's full blocks are shared through the block tables, its compressor states
-are handed to each continuation, and each continuation recomputes the prefix's last partial block
-into blocks of its own. Every sequence goes through the model in chunks of `chunk_tokens` rows of
+cache hit resumes: the prefix's full blocks (raw kv, compressed entries and the compressors'
+per-token rows) are shared through every group's block table, and each continuation recomputes
+the prefix's last partial block into blocks of its own. Every sequence goes through the model in chunks of `chunk_tokens` rows of
 forward calls of `CALL_TOKENS` rows — the runtime computes a chunked prefill like a one-shot one,
 and short chunks and calls keep the per-query key gathers (and their gradients) small.
 
-If the runtime's interfaces change (e.g. compressor state moving into paged cache rows), this
-module is the only one to adapt.
+If the runtime's interfaces change, this module is the only one to adapt.
 """
 from __future__ import annotations
 
@@ -56,17 +55,12 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
     tables = _block_tables(shared, [len(s) for s in sequences])
     layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
     n_blocks = 1 + max(max(t) for t in tables)
-    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, BLOCK_SIZE, n_blocks, n_blocks,
-                         torch.float32, "cpu")
-    states: dict = {}
-    mtp_states: dict = {}
+    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
+                         n_blocks, torch.float32, "cpu")
     with torch.no_grad():
-        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, states, mtp_states,
-                 with_mtp)
-    for k in range(len(sequences)):
-        states[k + 1] = dict(states.get(0, {}))   # compressor states are replaced, never mutated
+        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, with_mtp)
     rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]
-    main, mtp = _forward(rows, model, cache, states, mtp_states, with_mtp)
+    main, mtp = _forward(rows, model, cache, with_mtp)
     return SceneHidden(shared, [torch.cat(main[k + 1]) for k in range(len(sequences))],
                        [torch.cat(mtp[k + 1]) if with_mtp else None for k in range(len(sequences))])
 
@@ -74,8 +68,7 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
 Row = tuple[int, list[int], int, list[int]]   # seq_id, ids, first position to compute, block table
 
 
-def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, states: dict,
-             mtp_states: dict, with_mtp: bool
+def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: bool
              ) -> tuple[dict[int, list[torch.Tensor]], dict[int, list[torch.Tensor]]]:
     """Positions start..len(ids)-2 of every row (ids[-1] is only the MTP's next id), in forward
     calls of at most CALL_TOKENS rows: a long sequence takes several calls, short ones share one.
@@ -84,12 +77,12 @@ def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, states: di
     main: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
     mtp: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
     for call in _pack(rows):
-        batch = _batch([(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
-        hidden = model.forward_hidden(batch, cache, states)
-        following = _batch([(seq_id, ids[a + 1:b + 1], a, table)
+        batch = _batch(cache, [(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
+        hidden = model.forward_hidden(batch, cache)
+        following = _batch(cache, [(seq_id, ids[a + 1:b + 1], a, table)
                             for seq_id, ids, a, b, table in call])
-        streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache,
-                                     mtp_states) if with_mtp else None)
+        streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache)
+                   if with_mtp else None)
         offset = 0
         for seq_id, _, a, b, _ in call:
             main[seq_id].append(hidden[offset:offset + b - a])
@@ -126,8 +119,10 @@ def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
     return tables
 
 
-def _batch(rows: list[tuple[int, list[int], int, list[int]]]):
-    """(seq_id, ids, start_pos, table) segments → one StepBatch of CHUNK_TOKENS chunks."""
-    chunks = [(seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS], table, table)
+def _batch(cache: PagedKvCache, rows: list[tuple[int, list[int], int, list[int]]]):
+    """(seq_id, ids, start_pos, table) segments → one StepBatch of CHUNK_TOKENS chunks (one block
+    table for every block group: each group's storage is allocated for all blocks)."""
+    chunks = [(seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS],
+               cache.same_table_for_every_group(table))
               for seq_id, ids, start, table in rows for offset in range(0, len(ids), CHUNK_TOKENS)]
     return build_batch(chunks, "cpu")

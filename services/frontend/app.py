@@ -10,35 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar
 
 import anyio
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from services.common.build_info import build_id
 from services.common.config import FrontendConfig
-from services.frontend.chat_format import render_chat_request
-from services.frontend.constraints import build_constraint
-from services.frontend.dsv4_tokens import BOS
+from services.frontend.auth import ApiKeyMiddleware
 from services.frontend.errors import RequestError
-from services.frontend.metrics import FrontendMetrics, RequestTimer
-from services.frontend.openai_request import (GenerationParams, RequestLimits, UnknownModelError,
-                                              decode_json_object, parse_chat_request,
-                                              parse_completion_request, parse_detokenize_request,
-                                              parse_tokenize_request)
-from services.frontend.responses import (AdmittedGeneration, ResponseHeader, error_body,
-                                         new_response_id)
-from services.frontend.scheduler_client import (GenerationSpec, ModelInfo, SchedulerClient,
-                                                SchedulerError)
-from services.frontend.stop_strings import StoppingDecoder
+from services.frontend.gateway import Gateway, PreparedPrompt
+from services.frontend.openai_request import (parse_chat_request, parse_completion_request,
+                                              parse_detokenize_request, parse_tokenize_request)
+from services.frontend.openapi import openapi_document
+from services.frontend.request_body import decode_json_object, read_body
+from services.frontend.responses import ResponseHeader, error_body, new_response_id
+from services.frontend.scheduler_client import RequestTimedOut, SchedulerClient, SchedulerError
+from services.frontend.metrics import CONTENT_TYPE
+from services.frontend.serving import RequestIdMiddleware
 from services.frontend.tokenizer import Dsv4Tokenizer
 
 log = logging.getLogger(__name__)
@@ -48,85 +43,8 @@ HEALTH_TIMEOUT_S = 2.0
 METRICS_TIMEOUT_S = 1.0
 
 
-@dataclass(frozen=True)
-class PreparedPrompt:
-    token_ids: list[int]
-    thinking: bool = False
-    constraint: Optional[Any] = None  # constraints.Constraint
-
-
 class ClientDisconnected(Exception):
     """The client went away before its response was ready; the scheduler call is cancelled."""
-
-
-class Gateway:
-    """Owns the per-process state every route uses: tokenizer, limits, scheduler client, metrics."""
-
-    def __init__(self, config: FrontendConfig, scheduler: Optional[SchedulerClient],
-                 tokenizer: Optional[Dsv4Tokenizer]) -> None:
-        self.config = config
-        self.tokenizer = tokenizer or Dsv4Tokenizer(config.model_dir)
-        model_config = json.loads((Path(config.model_dir) / "config.json").read_text())
-        self.limits = RequestLimits(config.served_model_name,
-                                    int(model_config.get("vocab_size", self.tokenizer.vocab_size)),
-                                    config.generate_defaults.temperature)
-        self.metrics = FrontendMetrics(config.served_model_name)
-        self._scheduler = scheduler
-        self._owns_scheduler = scheduler is None
-        self._model_info: Optional[ModelInfo] = None
-
-    @property
-    def scheduler(self) -> SchedulerClient:
-        assert self._scheduler is not None, "the app's lifespan has not started"
-        return self._scheduler
-
-    async def open(self) -> None:
-        if self._scheduler is None:
-            self._scheduler = SchedulerClient(self.config.scheduler_address)
-
-    async def close(self) -> None:
-        if self._owns_scheduler and self._scheduler is not None:
-            await self._scheduler.close()
-            self._scheduler = None
-
-    async def model_info(self) -> ModelInfo:
-        """The scheduler's model facts, fetched once and cached (they never change)."""
-        if self._model_info is None:
-            self._model_info = await self.scheduler.get_model_info()
-        return self._model_info
-
-    def prepare_chat(self, body: dict[str, Any]) -> PreparedPrompt:
-        """Render + constraint + tokenize. CPU-bound: run it in a worker thread."""
-        rendered = render_chat_request(body)
-        constraint = build_constraint(body, rendered.thinking)
-        return PreparedPrompt(self.tokenizer.encode(rendered.text), rendered.thinking, constraint)
-
-    def encode_chat_prompt(self, body: dict[str, Any]) -> list[int]:
-        """The prompt ids alone (for /tokenize: no constraint is built). Run it in a thread."""
-        return self.tokenizer.encode(render_chat_request(body).text)
-
-    def encode_text_prompt(self, text: str, add_bos: bool) -> list[int]:
-        """A raw prompt; BOS is prepended unless the text already starts with it."""
-        ids = self.tokenizer.encode(text)
-        if add_bos and not text.startswith(BOS):
-            ids = [self.tokenizer.bos_token_id, *ids]
-        return ids
-
-    async def admit(self, header: ResponseHeader, prompt: PreparedPrompt, params: GenerationParams,
-                    timer: RequestTimer) -> AdmittedGeneration:
-        """Starts `Generate` and waits for admission; `SchedulerError` when refused."""
-        max_tokens = params.max_tokens or self.config.generate_defaults.max_new_tokens
-        spec = GenerationSpec(header.response_id, prompt.token_ids, max_tokens, params.logit_bias,
-                              params.ignore_eos, prompt.constraint)
-        stream = self.scheduler.generate(spec)
-        try:
-            admission = await stream.admitted()
-        except BaseException:
-            stream.cancel()
-            raise
-        decoder = StoppingDecoder(self.tokenizer.detokenizer(), self.tokenizer.eos_token_id,
-                                  params.stop)
-        return AdmittedGeneration(stream, admission, header, decoder, self.metrics, timer)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -134,16 +52,20 @@ def _gateway(request: Request) -> Gateway:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    return decode_json_object(await request.body())
+    bounds = _gateway(request).config.bounds
+    return decode_json_object(await read_body(request, bounds.max_request_body_bytes),
+                              bounds.max_json_depth)
 
 
 async def chat_completions(request: Request) -> Response:
     gw = _gateway(request)
     timer = gw.metrics.timer()
     chat = parse_chat_request(await _json_body(request), gw.limits)
-    prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat.body)
+    info = await gw.model_info()
+    prompt = await anyio.to_thread.run_sync(gw.prepare_chat, chat.body, info.max_model_len)
     header = ResponseHeader(new_response_id("chatcmpl"), gw.config.served_model_name)
-    generation = await _unless_disconnected(request, gw.admit(header, prompt, chat.params, timer))
+    generation = await _unless_disconnected(
+        request, gw.admit(header, prompt, chat.params, timer, request.state.request_id))
     if chat.params.stream:
         return _sse_response(generation.chat_events(prompt.thinking, chat.tools,
                                                     chat.params.include_usage))
@@ -157,11 +79,16 @@ async def completions(request: Request) -> Response:
     completion = parse_completion_request(await _json_body(request), gw.limits)
     params = completion.params
     token_ids = completion.prompt
+    max_model_len = (await gw.model_info()).max_model_len
     if isinstance(token_ids, str):
-        token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True)
+        token_ids = await anyio.to_thread.run_sync(gw.encode_text_prompt, token_ids, True,
+                                                   max_model_len)
+    elif len(token_ids) > max_model_len:
+        raise RequestError(f"The prompt has {len(token_ids)} token ids; max_model_len is "
+                           f"{max_model_len}.", "prompt")
     header = ResponseHeader(new_response_id("cmpl"), gw.config.served_model_name)
     generation = await _unless_disconnected(
-        request, gw.admit(header, PreparedPrompt(token_ids), params, timer))
+        request, gw.admit(header, PreparedPrompt(token_ids), params, timer, request.state.request_id))
     if params.stream:
         return _sse_response(generation.text_events(params.include_usage))
     return JSONResponse(await _unless_disconnected(request, generation.text_body()))
@@ -175,6 +102,8 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    if _gateway(request).draining:
+        return JSONResponse({"status": "unavailable", "reason": "shutting down"}, status_code=503)
     try:
         readiness = await _gateway(request).scheduler.check_ready(HEALTH_TIMEOUT_S)
     except SchedulerError as error:
@@ -191,12 +120,13 @@ async def health(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     gw = _gateway(request)
     parsed = parse_tokenize_request(await _json_body(request), gw.limits)
+    info = await gw.model_info()
     if parsed.chat_body is not None:
-        tokens = await anyio.to_thread.run_sync(gw.encode_chat_prompt, parsed.chat_body)
+        tokens = await anyio.to_thread.run_sync(gw.encode_chat_prompt, parsed.chat_body,
+                                                info.max_model_len)
     else:
         tokens = await anyio.to_thread.run_sync(gw.encode_text_prompt, parsed.prompt,
-                                                parsed.add_special_tokens)
-    info = await gw.model_info()
+                                                parsed.add_special_tokens, info.max_model_len)
     return JSONResponse({"count": len(tokens), "max_model_len": info.max_model_len,
                          "tokens": tokens, "token_strs": None})
 
@@ -207,14 +137,17 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"prompt": await anyio.to_thread.run_sync(gw.tokenizer.decode, token_ids)})
 
 
+async def openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
 async def metrics(request: Request) -> Response:
     gw = _gateway(request)
     try:
         snapshot = await gw.scheduler.get_scheduler_state(METRICS_TIMEOUT_S)
     except SchedulerError:
         snapshot = None
-    return PlainTextResponse(gw.metrics.render(snapshot),
-                             media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(gw.metrics.render(snapshot), media_type=CONTENT_TYPE)
 
 
 def _sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
@@ -250,15 +183,30 @@ def _error_response(status: int, message: str, error_type: str, param: Optional[
 
 async def _on_request_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, RequestError)
-    status = 404 if isinstance(error, UnknownModelError) else 400
-    return _error_response(status, error.message, "invalid_request_error", error.param, error.code)
+    return _error_response(error.status, error.message, "invalid_request_error", error.param,
+                           error.code)
 
 
 async def _on_scheduler_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, SchedulerError)
     status = error.http_status
-    error_type = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
-    return _error_response(status, error.message, error_type, None, error.code.name.lower())
+    if not error.after_admission:  # after admission the generation counted its own ending
+        _count_refusal(_gateway(request), error)
+    log.info("request refused (%d): %s", status, error.message,
+             extra={"request_id": request.state.request_id})
+    error_type = {400: "invalid_request_error", 503: "service_unavailable",
+                  504: "timeout"}.get(status, "server_error")
+    response = _error_response(status, error.message, error_type, None, error.code.name.lower())
+    if error.retry_after_s is not None:
+        response.headers["Retry-After"] = str(error.retry_after_s)
+    return response
+
+
+def _count_refusal(gw: Gateway, error: SchedulerError) -> None:
+    if isinstance(error, RequestTimedOut):
+        gw.metrics.count_timeout()
+    elif error.retry_after_s is not None and not gw.draining:
+        gw.metrics.count_rejected("queue_full")
 
 
 async def _on_http_error(request: Request, error: Exception) -> Response:
@@ -300,17 +248,18 @@ def create_app(config: FrontendConfig, scheduler_client: Optional[SchedulerClien
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         RequestError: _on_request_error, SchedulerError: _on_scheduler_error,
-        HTTPException: _on_http_error, ClientDisconnected: _on_disconnect, Exception: _on_bug}
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+        HTTPException: _on_http_error, ClientDisconnected: _on_disconnect,
+        ClientDisconnect: _on_disconnect, Exception: _on_bug}
+    middleware = [Middleware(RequestIdMiddleware)]
+    if config.api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, api_key=config.api_key,
+                                     exempt_paths=config.auth_exempt_paths))
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers,
+                    middleware=middleware)
     app.state.gateway = gateway
+    app.state.openapi = openapi_document("dsv4serve", build_id())
     return app
-
-
-async def serve(config: FrontendConfig) -> None:
-    """Serves the gateway with uvicorn on the running loop (the CLI runs it under uvloop)."""
-    server_config = uvicorn.Config(create_app(config), host=config.host, port=config.port,
-                                   log_level="info", timeout_graceful_shutdown=5)
-    await uvicorn.Server(server_config).serve()

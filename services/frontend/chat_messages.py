@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from services.frontend.errors import RequestError
+from services.frontend.request_body import JsonTooDeep, nesting_depth
 
 ROLES = ("system", "user", "developer", "assistant", "tool", "latest_reminder")
 
@@ -36,13 +37,14 @@ class ChatMessage:
     response_format: Optional[dict[str, Any]] = None     # system only
 
 
-def parse_messages(raw: Any) -> list[ChatMessage]:
+def parse_messages(raw: Any, max_json_depth: int) -> list[ChatMessage]:
+    """`max_json_depth`: how deep the JSON of an earlier call's arguments may nest."""
     if not isinstance(raw, list) or not raw:
         raise RequestError("'messages' must be a non-empty array", "messages")
-    return [_parse_message(item, f"messages[{i}]") for i, item in enumerate(raw)]
+    return [_parse_message(item, f"messages[{i}]", max_json_depth) for i, item in enumerate(raw)]
 
 
-def _parse_message(raw: Any, path: str) -> ChatMessage:
+def _parse_message(raw: Any, path: str, max_json_depth: int) -> ChatMessage:
     if not isinstance(raw, dict):
         raise RequestError(f"{path} must be an object", path)
     role = raw.get("role")
@@ -56,7 +58,8 @@ def _parse_message(raw: Any, path: str) -> ChatMessage:
                            f"{path}.content")
     if role == "assistant":
         message.reasoning_content = _optional_string(raw, "reasoning_content", path)
-        message.tool_calls = _history_tool_calls(raw.get("tool_calls"), f"{path}.tool_calls")
+        message.tool_calls = _history_tool_calls(raw.get("tool_calls"), f"{path}.tool_calls",
+                                                 max_json_depth)
     if role == "tool":
         call_id = raw.get("tool_call_id")
         if not isinstance(call_id, str):
@@ -102,15 +105,15 @@ def _optional_string(raw: dict[str, Any], key: str, path: str) -> Optional[str]:
     return value
 
 
-def _history_tool_calls(raw: Any, path: str) -> list[HistoryToolCall]:
+def _history_tool_calls(raw: Any, path: str, max_json_depth: int) -> list[HistoryToolCall]:
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise RequestError(f"{path} must be an array", path)
-    return [_history_tool_call(call, f"{path}[{j}]") for j, call in enumerate(raw)]
+    return [_history_tool_call(call, f"{path}[{j}]", max_json_depth) for j, call in enumerate(raw)]
 
 
-def _history_tool_call(raw: Any, path: str) -> HistoryToolCall:
+def _history_tool_call(raw: Any, path: str, max_json_depth: int) -> HistoryToolCall:
     if not isinstance(raw, dict):
         raise RequestError(f"{path} must be an object", path)
     call_id = raw.get("id") or ""
@@ -127,15 +130,20 @@ def _history_tool_call(raw: Any, path: str) -> HistoryToolCall:
     if not isinstance(arguments, str):
         raise RequestError(f"{path}.function.arguments must be a JSON string",
                            f"{path}.function.arguments")
-    return HistoryToolCall(call_id, name, _history_arguments(arguments, f"{path}.function.arguments"))
+    return HistoryToolCall(call_id, name, _history_arguments(arguments, f"{path}.function.arguments",
+                                                             max_json_depth))
 
 
-def _history_arguments(text: str, path: str) -> dict[str, Any]:
+def _history_arguments(text: str, path: str, max_json_depth: int) -> dict[str, Any]:
     """The official encoder's rule: text that is not JSON becomes one parameter named `arguments`.
 
     Valid JSON that is not an object (an array, a number, a string) has no parameters to render; the
-    official encoder crashes on it, so it is a client error here.
+    official encoder crashes on it, so it is a client error here, as is JSON nested deeper than
+    `max_json_depth` (it would exhaust the parser's recursion).
     """
+    depth = nesting_depth(text.encode("utf-8", "surrogatepass"))
+    if depth > max_json_depth:
+        raise JsonTooDeep(depth, max_json_depth, path)
     try:
         value = json.loads(text)
     except ValueError:

@@ -1,11 +1,11 @@
 """Small text helpers of the streaming DSML parser."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from services.frontend.dsml_types import (
     ContentDelta, Delta, ReasoningDelta, ToolCallArguments)
+from services.frontend.json_standard import loads_standard
 
 INVALID_JSON = object()
 
@@ -23,23 +23,12 @@ def held_back_start(text: str, patterns: tuple[str, ...]) -> int:
     return start
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} overflows a double")
-    return value
-
-
 def strict_json(text: str) -> Any:
     """`json.loads` minus Python's extensions (NaN, Infinity) that no JSON client can read;
     `INVALID_JSON` when the text is not one JSON value (surrounding whitespace allowed)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except ValueError:
+        return loads_standard(text)
+    except (ValueError, RecursionError):   # too deep for the parser counts as not parseable
         return INVALID_JSON
 
 

@@ -1,49 +1,33 @@
-"""Prometheus metrics of one frontend process, in the text exposition format.
+"""Prometheus metrics of one frontend process, exposed with `prometheus_client`.
 
 Latency histograms and token counters are measured here, per frontend (so a scaled-out gateway sums
 correctly). Queue and cache gauges come from the scheduler's `GetSchedulerState` at scrape time;
 they describe the whole deployment. Names follow vLLM where vLLM has one, `dsv4serve:` otherwise.
+
+One frontend is one process (`serve` runs a single uvicorn server on one event loop; replicas
+scale out as separate processes, each scraped on its own), so each app keeps its own
+`CollectorRegistry` and prometheus_client's multiprocess mode is not needed.
 """
 from __future__ import annotations
 
-import bisect
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
-from services.frontend.scheduler_client import SchedulerSnapshot
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from services.frontend.scheduler_client import PartitionStats, SchedulerSnapshot
+
+# `_created` samples would double every counter and histogram without telling an operator anything.
+prometheus_client.disable_created_metrics()
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4,
                   0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
-
-
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
-        self.name = name
-        self._help = help_text
-        self._bounds = buckets
-        self._counts = [0] * (len(buckets) + 1)  # last: above every bound
-        self._sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self._counts[bisect.bisect_left(self._bounds, value)] += 1
-        self._sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self._counts)
-
-    def render(self, labels: str) -> list[str]:
-        lines = [f"# HELP {self.name} {self._help}", f"# TYPE {self.name} histogram"]
-        cumulative = 0
-        for bound, count in zip(self._bounds, self._counts):
-            cumulative += count
-            lines.append(f'{self.name}_bucket{{{labels},le="{bound}"}} {cumulative}')
-        lines.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum{{{labels}}} {self._sum}")
-        lines.append(f"{self.name}_count{{{labels}}} {self.count}")
-        return lines
+_MODEL = ["model_name"]
 
 
 class RequestTimer:
@@ -71,85 +55,141 @@ class FrontendMetrics:
     """Owned by the app; every request reports through a `RequestTimer`."""
 
     def __init__(self, model_name: str) -> None:
-        escaped = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        self._labels = f'model_name="{escaped}"'
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        r, m = self.registry, model_name
         self.ttft = Histogram("vllm:time_to_first_token_seconds",
-                              "Time from request arrival to its first output token.",
-                              _LATENCY_BUCKETS_S)
+                              "Time from request arrival to its first output token.", _MODEL,
+                              buckets=_LATENCY_BUCKETS_S, registry=r).labels(m)
         self.inter_token = Histogram("vllm:inter_token_latency_seconds",
-                                     "Time between consecutive output token batches.", _ITL_BUCKETS_S)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
-                             "Time from request arrival to its end.", _LATENCY_BUCKETS_S)
-        self._prompt_tokens = 0
-        self._generation_tokens = 0
-        self._finished_by_reason: dict[str, int] = {}
-        self._requests_in_flight = 0
+                                     "Time between consecutive output token batches.", _MODEL,
+                                     buckets=_ITL_BUCKETS_S, registry=r).labels(m)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from request arrival to its end.",
+                             _MODEL, buckets=_LATENCY_BUCKETS_S, registry=r).labels(m)
+        self._prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.",
+                                      _MODEL, registry=r).labels(m)
+        self._generation_tokens = Counter("vllm:generation_tokens",
+                                          "Generated tokens of finished requests.", _MODEL,
+                                          registry=r).labels(m)
+        self._finished = Counter("vllm:request_success", "Finished requests by finish reason.",
+                                 [*_MODEL, "finished_reason"], registry=r)
+        self._in_flight = Gauge("dsv4serve:frontend_requests_in_flight",
+                                "Requests this frontend is serving now.", _MODEL, registry=r).labels(m)
+        self._rejected = Counter("dsv4serve:requests_rejected",
+                                 "Requests refused before admission: queue_full (the scheduler's "
+                                 "--max-waiting-requests) or shutting_down.",
+                                 [*_MODEL, "reason"], registry=r)
+        self._timeouts = Counter("dsv4serve:request_timeouts",
+                                 "Requests ended by --request-timeout-s.", _MODEL, registry=r).labels(m)
+        self._cut_at_shutdown = Counter("dsv4serve:requests_cut_at_shutdown",
+                                        "Requests still running when the shutdown grace ended.",
+                                        _MODEL, registry=r).labels(m)
 
     def timer(self) -> RequestTimer:
         return RequestTimer(self)
 
     def request_started(self) -> None:
-        self._requests_in_flight += 1
+        self._in_flight.inc()
 
     def request_ended(self) -> None:
-        self._requests_in_flight -= 1
+        self._in_flight.dec()
 
     def count_finished(self, prompt_tokens: int, completion_tokens: int, finish_reason: str) -> None:
-        self._prompt_tokens += prompt_tokens
-        self._generation_tokens += completion_tokens
-        self._finished_by_reason[finish_reason] = self._finished_by_reason.get(finish_reason, 0) + 1
+        self._prompt_tokens.inc(prompt_tokens)
+        self._generation_tokens.inc(completion_tokens)
+        self._finished.labels(self.model_name, finish_reason).inc()
 
-    def render(self, scheduler: Optional[SchedulerSnapshot]) -> str:
+    def count_rejected(self, reason: str) -> None:
+        self._rejected.labels(self.model_name, reason).inc()
+
+    def count_timeout(self) -> None:
+        self._timeouts.inc()
+
+    def count_cut_at_shutdown(self, count: int) -> None:
+        self._cut_at_shutdown.inc(count)
+
+    def render(self, scheduler: Optional[SchedulerSnapshot]) -> bytes:
         """The exposition text; scheduler gauges are left out when the scheduler did not answer."""
-        lines: list[str] = []
-        for histogram in (self.ttft, self.inter_token, self.e2e):
-            lines += histogram.render(self._labels)
-        lines += self._sample("vllm:prompt_tokens_total", "counter",
-                              "Prompt tokens of finished requests.", self._prompt_tokens)
-        lines += self._sample("vllm:generation_tokens_total", "counter",
-                              "Generated tokens of finished requests.", self._generation_tokens)
-        lines += ["# HELP vllm:request_success_total Finished requests by finish reason.",
-                  "# TYPE vllm:request_success_total counter"]
-        lines += [f'vllm:request_success_total{{{self._labels},finished_reason="{reason}"}} {count}'
-                  for reason, count in sorted(self._finished_by_reason.items())]
-        lines += self._sample("dsv4serve:frontend_requests_in_flight", "gauge",
-                              "Requests this frontend is serving now.", self._requests_in_flight)
-        lines += self._sample("dsv4serve:scheduler_up", "gauge",
-                              "1 when the scheduler answered this scrape.", int(scheduler is not None))
-        if scheduler is not None:
-            lines += self._scheduler_lines(scheduler)
-        return "\n".join(lines) + "\n"
+        scrape = CollectorRegistry()
+        scrape.register(_SchedulerCollector(self.model_name, scheduler))
+        return prometheus_client.generate_latest(self.registry) + prometheus_client.generate_latest(scrape)
 
-    def _scheduler_lines(self, s: SchedulerSnapshot) -> list[str]:
-        usage = s.used_blocks / s.total_blocks if s.total_blocks else 0.0
-        samples = [
-            ("vllm:num_requests_running", "gauge", "Requests in the running batch.", s.num_running),
-            ("vllm:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", s.num_waiting),
-            ("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 = full).",
-             usage),
-            ("vllm:num_preemptions_total", "counter", "Preemptions by recompute.", s.preemptions_total),
-            ("dsv4serve:num_requests_grammar_pending", "gauge",
-             "Requests waiting for their grammar to compile.", s.num_grammar_pending),
-            ("dsv4serve:num_constrained_requests_running", "gauge",
-             "Constrained requests in the running batch.", s.num_constrained_running),
-            ("dsv4serve:num_live_grammar_matchers", "gauge",
-             "Grammar matchers held by live requests.", s.num_live_matchers),
-            ("dsv4serve:grammar_cache_entries", "gauge", "Compiled grammars cached.",
-             s.grammar_cache_entries),
-            ("dsv4serve:scheduler_steps_total", "counter", "Scheduler steps run.", s.steps_total),
-            ("dsv4serve:stall_rejections_total", "counter",
-             "Constrained requests rejected because no progress was possible.",
-             s.stall_rejections_total),
-            ("dsv4serve:scheduler_prompt_tokens_total", "counter",
-             "Prompt tokens admitted by the scheduler (all frontends).", s.prompt_tokens_total),
-            ("dsv4serve:scheduler_generation_tokens_total", "counter",
-             "Tokens generated by the scheduler (all frontends).", s.generation_tokens_total),
-        ]
-        lines: list[str] = []
-        for name, kind, help_text, value in samples:
-            lines += self._sample(name, kind, help_text, value)
-        return lines
 
-    def _sample(self, name: str, kind: str, help_text: str, value: float) -> list[str]:
-        return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
-                f"{name}{{{self._labels}}} {value}"]
+class _SchedulerCollector:
+    """The deployment-wide numbers of one `GetSchedulerState` answer, as metric families."""
+
+    def __init__(self, model_name: str, snapshot: Optional[SchedulerSnapshot]) -> None:
+        self._model_name = model_name
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(GaugeMetricFamily, "dsv4serve:scheduler_up",
+                           "1 when the scheduler answered this scrape.", int(self._snapshot is not None))
+        if self._snapshot is None:
+            return
+        for name, family, help_text, value in _scheduler_samples(self._snapshot):
+            yield self._family(family, name, help_text, value)
+        yield from self._partition_families(self._snapshot.partitions)
+
+    def _partition_families(self, partitions: tuple[PartitionStats, ...]) -> Iterator[Metric]:
+        """Per cache partition (DP group): running and waiting requests, cache usage, prefix
+        cache."""
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        for family, name, help_text, value_of in (
+                (gauge, "dsv4serve:partition_requests_running", "Running requests of one partition.",
+                 lambda p: p.running),
+                (gauge, "dsv4serve:partition_requests_waiting", "Requests waiting in one partition.",
+                 lambda p: p.waiting),
+                (gauge, "dsv4serve:partition_kv_cache_usage_perc",
+                 "Fraction of one partition's KV-cache blocks in use.",
+                 lambda p: p.used_blocks / p.total_blocks if p.total_blocks else 0.0),
+                (gauge, "dsv4serve:partition_prefix_cache_blocks",
+                 "Blocks of one partition held by its prefix cache (all groups).",
+                 lambda p: p.cached_blocks),
+                (counter, "dsv4serve:partition_prefix_cache_queries",
+                 "Prefix cache queries of one partition, in tokens.",
+                 lambda p: p.prefix_cache_queries),
+                (counter, "dsv4serve:partition_prefix_cache_hits",
+                 "Prefix cache hits of one partition, in tokens.", lambda p: p.prefix_cache_hits)):
+            metric = family(name, help_text, labels=_MODEL + ["partition"])
+            for partition in partitions:
+                metric.add_metric([self._model_name, str(partition.partition_id)],
+                                  value_of(partition))
+            yield metric
+
+    def _family(self, family: type, name: str, help_text: str, value: float) -> Metric:
+        metric = family(name, help_text, labels=_MODEL)
+        metric.add_metric([self._model_name], value)
+        return metric
+
+
+def _scheduler_samples(s: SchedulerSnapshot) -> list[tuple[str, type, str, float]]:
+    gauge, counter = GaugeMetricFamily, CounterMetricFamily
+    usage = s.used_blocks / s.total_blocks if s.total_blocks else 0.0
+    return [
+        ("vllm:num_requests_running", gauge, "Requests in the running batch.", s.num_running),
+        ("vllm:num_requests_waiting", gauge, "Requests waiting to be scheduled.", s.num_waiting),
+        ("vllm:kv_cache_usage_perc", gauge, "Fraction of KV-cache blocks in use (1 = full).", usage),
+        ("vllm:num_preemptions_total", counter, "Preemptions by recompute.", s.preemptions_total),
+        ("vllm:prefix_cache_queries", counter,
+         "Prefix cache queries, in terms of number of queried tokens.", s.prefix_cache_queries_total),
+        ("vllm:prefix_cache_hits", counter,
+         "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits_total),
+        ("dsv4serve:constrained_preemptions_total", counter,
+         "Constrained requests preempted and replayed (--preempt-constrained replay).",
+         s.constrained_preemptions_total),
+        ("dsv4serve:num_requests_grammar_pending", gauge,
+         "Requests waiting for their grammar to compile.", s.num_grammar_pending),
+        ("dsv4serve:num_constrained_requests_running", gauge,
+         "Constrained requests in the running batch.", s.num_constrained_running),
+        ("dsv4serve:num_live_grammar_matchers", gauge, "Grammar matchers held by live requests.",
+         s.num_live_matchers),
+        ("dsv4serve:grammar_cache_entries", gauge, "Compiled grammars cached.", s.grammar_cache_entries),
+        ("dsv4serve:scheduler_steps_total", counter, "Scheduler steps run.", s.steps_total),
+        ("dsv4serve:stall_rejections_total", counter,
+         "Constrained requests rejected because no progress was possible.", s.stall_rejections_total),
+        ("dsv4serve:scheduler_prompt_tokens_total", counter,
+         "Prompt tokens admitted by the scheduler (all frontends).", s.prompt_tokens_total),
+        ("dsv4serve:scheduler_generation_tokens_total", counter,
+         "Tokens generated by the scheduler (all frontends).", s.generation_tokens_total),
+    ]

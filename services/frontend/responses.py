@@ -25,7 +25,7 @@ from services.frontend.dsml_types import (ContentDelta, Delta, ReasoningDelta, T
                                           ToolCallStart)
 from services.frontend.metrics import FrontendMetrics, RequestTimer
 from services.frontend.scheduler_client import (Admission, Finish, FinishReason, GenerationStream,
-                                                SchedulerError, TokenBatch)
+                                                RequestTimedOut, SchedulerError, TokenBatch)
 from services.frontend.stop_strings import StoppingDecoder
 
 log = logging.getLogger(__name__)
@@ -183,13 +183,15 @@ class AdmittedGeneration:
     """
 
     def __init__(self, stream: GenerationStream, admission: Admission, header: ResponseHeader,
-                 decoder: StoppingDecoder, metrics: FrontendMetrics, timer: RequestTimer) -> None:
+                 decoder: StoppingDecoder, metrics: FrontendMetrics, timer: RequestTimer,
+                 request_id: str = "") -> None:
         self._stream = stream
         self._admission = admission
         self._header = header
         self._decoder = decoder
         self._metrics = metrics
         self._timer = timer
+        self._request_id = request_id  # correlation id, for the logs
 
     async def chat_body(self, thinking: bool, tools: list[dict[str, Any]]) -> dict[str, Any]:
         async with self._tracked() as outcome:
@@ -271,11 +273,20 @@ class AdmittedGeneration:
         self._metrics.request_started()
         try:
             yield outcome
+        except SchedulerError as error:
+            if isinstance(error, RequestTimedOut):
+                self._metrics.count_timeout()
+            log.warning("%s: failed after admission: %s", self._header.response_id, error,
+                        extra={"request_id": self._request_id})
+            raise
         finally:
             self._metrics.request_ended()
             self._stream.cancel()
         self._timer.on_finished(outcome.prompt_tokens, outcome.completion_tokens,
                                 outcome.finish_reason)
+        log.info("%s: finished (%s, %d prompt + %d completion tokens)", self._header.response_id,
+                 outcome.finish_reason, outcome.prompt_tokens, outcome.completion_tokens,
+                 extra={"request_id": self._request_id})
 
 
 def stream_error_body(error: Exception) -> dict[str, Any]:

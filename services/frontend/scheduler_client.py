@@ -5,13 +5,20 @@ status the gateway should answer with, so the app never inspects gRPC status cod
 """
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional, Protocol, Union
 
 import grpc
 
+from services.common import correlation
+from services.common.config import TlsConfig
+from services.common.grpc_channels import aio_channel
 from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+# Trailing metadata of a back-pressure refusal (the scheduler's server.RETRY_AFTER_KEY).
+RETRY_AFTER_KEY = "retry-after-s"
 
 
 class ConstraintLike(Protocol):
@@ -90,6 +97,18 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class PartitionStats:
+    partition_id: int
+    running: int
+    waiting: int
+    total_blocks: int
+    used_blocks: int
+    cached_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+@dataclass(frozen=True)
 class SchedulerSnapshot:
     """The counters of `GetSchedulerState` that /metrics exports."""
 
@@ -106,6 +125,10 @@ class SchedulerSnapshot:
     grammar_cache_entries: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    partitions: tuple[PartitionStats, ...] = ()
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+    constrained_preemptions_total: int = 0
 
 
 _HTTP_STATUS_BY_CODE = {
@@ -122,13 +145,16 @@ class SchedulerError(Exception):
     `http_status`: before admission 400 for a refused request (INVALID_ARGUMENT, RESOURCE_EXHAUSTED),
     503 when the scheduler is unreachable, 500 otherwise. After admission nothing is the client's
     fault: a lost worker or a request stalled under cache pressure is 503, anything else 500.
+    `retry_after_s`: set on back-pressure refusals (the client gets it as `Retry-After`).
     """
 
-    def __init__(self, code: grpc.StatusCode, message: str, after_admission: bool = False) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, after_admission: bool = False,
+                 retry_after_s: Optional[int] = None) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
         self.after_admission = after_admission
+        self.retry_after_s = retry_after_s
 
     @property
     def http_status(self) -> int:
@@ -138,7 +164,28 @@ class SchedulerError(Exception):
     @classmethod
     def from_rpc_error(cls, error: grpc.aio.AioRpcError,
                        after_admission: bool = False) -> "SchedulerError":
-        return cls(error.code(), error.details() or "", after_admission)
+        return cls(error.code(), error.details() or "", after_admission,
+                   _retry_after_s(error.trailing_metadata()))
+
+
+class RequestTimedOut(SchedulerError):
+    """The generation passed the frontend's `--request-timeout-s`: 504 (the scheduler freed it)."""
+
+    def __init__(self, timeout_s: float, after_admission: bool) -> None:
+        super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"the request did not finish within the server's request timeout of "
+                         f"{timeout_s:g}s", after_admission)
+
+    @property
+    def http_status(self) -> int:
+        return 504
+
+
+def _retry_after_s(metadata: Optional[tuple]) -> Optional[int]:
+    for key, value in metadata or ():
+        if key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
 
 
 def _generate_request_to_proto(spec: GenerationSpec) -> scheduler_pb2.GenerateRequest:
@@ -177,10 +224,16 @@ def _event_from_proto(message: scheduler_pb2.GenerateResponse) -> GenerationEven
 
 
 class GenerationStream:
-    """One `Generate` call: `admitted()` first, then iterate the events; `cancel()` aborts it."""
+    """One `Generate` call: `admitted()` first, then iterate the events; `cancel()` aborts it.
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+    `cut_off(message)` ends it from outside (graceful stop): the call is cancelled, so the scheduler
+    frees the request, and the reader gets `SchedulerError(UNAVAILABLE, message)`.
+    """
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall, timeout_s: Optional[float] = None) -> None:
         self._call = call
+        self._timeout_s = timeout_s
+        self._cut_off_message: Optional[str] = None
 
     async def admitted(self) -> Admission:
         """Waits for the scheduler's verdict; raises `SchedulerError` when it refuses the request."""
@@ -206,26 +259,50 @@ class GenerationStream:
         """Cancels the call; the scheduler aborts the request. Safe after completion."""
         self._call.cancel()
 
+    def cut_off(self, message: str) -> bool:
+        """Cancel a call still running, so that its reader fails with `message`; False when done."""
+        if self._call.done():
+            return False
+        self._cut_off_message = message
+        self._call.cancel()
+        return True
+
     async def _read(self, after_admission: bool) -> Optional[scheduler_pb2.GenerateResponse]:
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._timeout_s is not None:
+                raise RequestTimedOut(self._timeout_s, after_admission) from None
             raise SchedulerError.from_rpc_error(error, after_admission) from None
+        except asyncio.CancelledError:
+            if self._cut_off_message is None or asyncio.current_task().cancelling():
+                raise  # this task itself is being cancelled
+            raise SchedulerError(grpc.StatusCode.UNAVAILABLE, self._cut_off_message,
+                                 after_admission) from None
         return None if message is grpc.aio.EOF else message
 
 
 class SchedulerClient:
-    """Owns the channel to the scheduler. Create and close it inside the serving event loop."""
+    """Owns the channel to the scheduler. Create and close it inside the serving event loop.
 
-    def __init__(self, address: str) -> None:
-        self._channel = grpc.aio.insecure_channel(address)
+    `request_timeout_s` becomes the deadline of every Generate call: gRPC carries it to the
+    scheduler, which cancels (and so frees) the request when it passes.
+    """
+
+    def __init__(self, address: str, tls: TlsConfig = TlsConfig(),
+                 request_timeout_s: Optional[float] = None) -> None:
+        self._channel = aio_channel(address, tls)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._request_timeout_s = request_timeout_s
 
     async def close(self) -> None:
         await self._channel.close()
 
-    def generate(self, spec: GenerationSpec) -> GenerationStream:
-        return GenerationStream(self._stub.Generate(_generate_request_to_proto(spec)))
+    def generate(self, spec: GenerationSpec, correlation_id: str = "") -> GenerationStream:
+        metadata = ((correlation.METADATA_KEY, correlation_id),) if correlation_id else None
+        call = self._stub.Generate(_generate_request_to_proto(spec), metadata=metadata,
+                                   timeout=self._request_timeout_s)
+        return GenerationStream(call, self._request_timeout_s)
 
     async def abort(self, request_id: str, timeout_s: float = 5.0) -> bool:
         response = await self._unary(self._stub.Abort, scheduler_pb2.AbortRequest(request_id=request_id),
@@ -257,7 +334,15 @@ class SchedulerClient:
             stall_rejections_total=r.stall_rejections_total,
             grammar_cache_entries=r.grammar_cache_entries,
             prompt_tokens_total=r.prompt_tokens_total,
-            generation_tokens_total=r.generation_tokens_total)
+            generation_tokens_total=r.generation_tokens_total,
+            partitions=tuple(PartitionStats(
+                p.partition_id, p.running_requests, p.waiting_requests,
+                sum(g.total_blocks for g in p.groups), sum(g.used_blocks for g in p.groups),
+                sum(g.cached_blocks for g in p.groups), p.prefix_cache_queries,
+                p.prefix_cache_hits) for p in r.partitions),
+            prefix_cache_queries_total=r.prefix_cache_queries_total,
+            prefix_cache_hits_total=r.prefix_cache_hits_total,
+            constrained_preemptions_total=r.constrained_preemptions_total)
 
     @staticmethod
     async def _unary(method, request, timeout_s: float):

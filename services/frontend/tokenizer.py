@@ -1,16 +1,20 @@
 """The DeepSeek-V4 tokenizer (HF `tokenizers`, byte-level BPE) and a UTF-8-safe incremental detokenizer.
 
-Prompts already contain their BOS as text, so `encode` never adds special tokens. Detokenization
+Prompts already contain their BOS as text, so `encode` never adds special tokens. `encode_prompt`
+tokenizes a rendered chat prompt so that only the template's markup can yield control tokens (the
+ids of the vocabulary's added tokens): a special-token string inside client text stays text. Detokenization
 works on bytes: every id maps to the exact bytes it stands for (byte-level vocabulary entries through
 the byte↔unicode alphabet, added tokens such as `｜DSML｜` or `</think>` as their UTF-8 text), and an
 incremental UTF-8 decoder holds back a multi-byte character until its last byte arrives.
 """
 from __future__ import annotations
 
+import bisect
 import codecs
 import importlib.util
+import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer
 
@@ -51,8 +55,13 @@ class Dsv4Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found (a DeepSeek-V4 model directory needs it)")
         self._tokenizer = Tokenizer.from_file(str(path))
+        self._text_tokenizer = _without_added_tokens(path)
         self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self._token_bytes, self._special_ids = self._build_byte_table()
+        self.control_ids = frozenset(self._tokenizer.get_added_tokens_decoder())
+        # The most bytes one token stands for (128 for the V4 vocabulary): a text of n bytes has at
+        # least n / max_token_bytes tokens.
+        self.max_token_bytes = max(len(data) for data in self._token_bytes)
         self.bos_token_id: int = self._required_id("<｜begin▁of▁sentence｜>")
         self.eos_token_id: int = self._required_id("<｜end▁of▁sentence｜>")
 
@@ -84,6 +93,37 @@ class Dsv4Tokenizer:
         # long prompt tokenized in a worker thread no longer stalls the frontend's event loop.
         return self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
+    def encode_prompt(self, text: str, markup_spans: Sequence[tuple[int, int]]) -> list[int]:
+        """`encode(text)`, except that a control token is kept only where it lies inside one of the
+        `markup_spans` ([start, end) characters); elsewhere its text is tokenized as plain text.
+
+        The text is split where the reference tokenizer splits it, at the control tokens it keeps,
+        so the ids equal `encode(text)` unless client text spells a control token.
+        """
+        encoding = self._tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        starts = [start for start, _ in markup_spans]
+        kept, forged = [], False
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+            if token_id in self.control_ids:
+                span = bisect.bisect_right(starts, start) - 1
+                inside = span >= 0 and end <= markup_spans[span][1]
+                kept += [(start, end, token_id)] if inside else []
+                forged = forged or not inside
+        return self._encode_around(text, kept) if forged else encoding.ids
+
+    def _encode_around(self, text: str, controls: list[tuple[int, int, int]]) -> list[int]:
+        """The control tokens `controls` (start, end, id) in place, the text between them as text."""
+        pieces, position = [], 0
+        for start, end, _ in controls:
+            pieces.append(text[position:start])
+            position = end
+        pieces.append(text[position:])
+        encoded = self._text_tokenizer.encode_batch(pieces, add_special_tokens=False)
+        ids = list(encoded[0].ids)
+        for (_, _, token_id), piece in zip(controls, encoded[1:]):
+            ids += [token_id, *piece.ids]
+        return ids
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         data = b"".join(self.token_bytes(i) for i in ids
                         if not (skip_special_tokens and i in self._special_ids))
@@ -100,6 +140,13 @@ class Dsv4Tokenizer:
 
     def detokenizer(self, skip_special_tokens: bool = False) -> "IncrementalDetokenizer":
         return IncrementalDetokenizer(self, skip_special_tokens)
+
+
+def _without_added_tokens(path: Path) -> Tokenizer:
+    """The same tokenizer with no added vocabulary: it reads `<｜User｜>` as the characters it is."""
+    definition = json.loads(path.read_text(encoding="utf-8"))
+    definition["added_tokens"] = []
+    return Tokenizer.from_str(json.dumps(definition))
 
 
 class IncrementalDetokenizer:

@@ -34,7 +34,8 @@ def admit(params: GenerateParams, limits: AdmissionLimits, arrival: int,
     request = Request(
         request_id=params.request_id, prompt_token_ids=list(params.prompt_token_ids),
         max_tokens=max_tokens, logit_bias=params.logit_bias, ignore_eos=params.ignore_eos,
-        constraint=params.constraint, emit=emit, arrival=arrival)
+        constraint=params.constraint, emit=emit, arrival=arrival,
+        correlation_id=params.correlation_id or params.request_id)
     admitted = AdmittedEvent(prompt_tokens=prompt_len, max_tokens=max_tokens,
                              constrained=params.constraint is not None,
                              max_tokens_capped=max_tokens < asked)

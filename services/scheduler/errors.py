@@ -6,6 +6,7 @@ into `grpc.StatusCode`s, so the step loop and the policy never import grpc.
 from __future__ import annotations
 
 import enum
+from typing import Optional
 
 
 class ErrorKind(enum.Enum):
@@ -16,12 +17,14 @@ class ErrorKind(enum.Enum):
 
 
 class SchedulerError(Exception):
-    """A request-level failure: `kind` picks the status, the message is shown to the client."""
+    """A request-level failure: `kind` picks the status, the message is shown to the client.
+    `retry_after_s`: a refusal the caller may retry after that long (back-pressure)."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: Optional[int] = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 class WorkerLost(Exception):

@@ -37,6 +37,10 @@ SHORT_MASK_MAX_IDS = 4096
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 JSON_MAX_WHITESPACE = 1
 DEFAULT_CACHE_ENTRIES = 256
+# The cache is also bounded by size (compiled grammar + its spec text): a strict tool with 1,000
+# optional integer parameters compiles to 10.9 MB (2 MB spec), so 256 distinct large grammars
+# would hold gigabytes; the least recently used ones go first.
+DEFAULT_CACHE_BYTES = 512 << 20
 LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
 
 
@@ -76,7 +80,8 @@ class GrammarService:
     """Owns the XGrammar compiler, the compiled-grammar cache and the live-matcher count."""
 
     def __init__(self, model_dir: Path, vocab_size: int, eos_token_id: int, threads: int,
-                 cache_entries_limit: int = DEFAULT_CACHE_ENTRIES) -> None:
+                 cache_entries_limit: int = DEFAULT_CACHE_ENTRIES,
+                 cache_bytes_limit: int = DEFAULT_CACHE_BYTES) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.live_matchers = 0
@@ -84,6 +89,9 @@ class GrammarService:
         self.available = self._xgr is not None
         self._cache: OrderedDict[tuple[int, str], Any] = OrderedDict()
         self._cache_limit = cache_entries_limit
+        self._cache_bytes_limit = cache_bytes_limit
+        self._entry_bytes: dict[tuple[int, str], int] = {}
+        self.cache_bytes = 0
         self._pending: dict[tuple[int, str], asyncio.Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads),
                                         thread_name_prefix="grammar-compile")
@@ -177,8 +185,12 @@ class GrammarService:
         self._compile_total_s += elapsed
         self._compile_max_s = max(self._compile_max_s, elapsed)
         self._cache[key] = compiled
-        while len(self._cache) > self._cache_limit:
-            self._cache.popitem(last=False)
+        self._entry_bytes[key] = len(key[1]) + int(getattr(compiled, "memory_size_bytes", 0))
+        self.cache_bytes += self._entry_bytes[key]
+        while len(self._cache) > self._cache_limit or (
+                self.cache_bytes > self._cache_bytes_limit and len(self._cache) > 1):
+            evicted, _ = self._cache.popitem(last=False)
+            self.cache_bytes -= self._entry_bytes.pop(evicted)
 
 
 class RequestMatcher:

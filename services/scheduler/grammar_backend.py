@@ -9,7 +9,7 @@ from services.common.config import SchedulerConfig
 from services.scheduler.errors import ErrorKind, SchedulerError
 from services.scheduler.grammar import GrammarCompileError, GrammarService, GrammarUnavailable
 from services.scheduler.requests import ConstraintSpec
-from services.scheduler.step_plan import WorkerDescription
+from services.scheduler.worker_description import WorkerDescription
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """One generation request as the scheduler tracks it, and the events it streams to its caller.
 
 State machine: GRAMMAR_PENDING → WAITING → RUNNING → FINISHED, and RUNNING → WAITING on preemption
-(the request then restarts as a new worker sequence whose prompt is prompt + outputs so far).
+(the request then restarts as a new worker sequence whose prompt is prompt + outputs so far, from
+the longest cached prefix of those tokens).
 The step loop is the only writer of a `Request`; the servicer only reads the events it is sent.
 """
 from __future__ import annotations
@@ -45,6 +46,9 @@ class GenerateParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     constraint: Optional[ConstraintSpec] = None
+    # The caller's correlation id (gRPC metadata `x-request-id`), logged here and by the workers;
+    # empty: the request id serves.
+    correlation_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class FailedEvent:
 
     kind: ErrorKind
     message: str
+    retry_after_s: Optional[int] = None  # set on back-pressure refusals
 
 
 RequestEvent = Union[AdmittedEvent, TokensEvent, FinishedEvent, FailedEvent]
@@ -96,18 +101,32 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # Grammar matcher (RequestMatcher) while the request holds one; None otherwise.
     matcher: Optional[Any] = None
+    # Makes a fresh matcher of the request's compiled grammar: a constrained request preempted
+    # under `--preempt-constrained replay` gives its matcher up and rebuilds it on resume.
+    matcher_factory: Optional[Callable[[], Any]] = None
     grammar_status: str = "none"
+    # The cache partition it was assigned on arrival (it keeps it when preempted).
+    partition_id: Optional[int] = None
     # Current worker sequence: None while it has none (waiting, finished).
     seq_id: Optional[int] = None
-    partition_id: Optional[int] = None
     num_computed_tokens: int = 0
     # Tokens of this sequence the worker already knows (NewSequence prompt + appended outputs).
     num_known_tokens: int = 0
     num_preemptions: int = 0
+    correlation_id: str = ""  # see GenerateParams
+    # Chained content hashes of the full blocks of prompt + outputs known so far (prefix_cache.py).
+    block_hashes: list[bytes] = field(default_factory=list)
+    # Positions of the current sequence that came from the prefix cache.
+    num_cached_tokens: int = 0
 
     @property
     def constrained(self) -> bool:
         return self.constraint is not None
+
+    @property
+    def needs_matcher_replay(self) -> bool:
+        """Constrained, and its matcher was given up at a preemption."""
+        return self.constrained and self.matcher is None and self.matcher_factory is not None
 
     @property
     def num_tokens(self) -> int:

@@ -1,82 +1,82 @@
-"""Scheduling policy: the waiting/running queues, one step's plan, and committing its results.
+"""Scheduling policy: each partition's queues, one step's plan, and committing its results.
 
 vLLM-v1 style: every running request catches its computed tokens up to its total (prompt + outputs);
 a long catch-up is chunked by `long_prefill_token_threshold` and the step budget
-`max_num_batched_tokens`; a request whose catch-up reaches its last token samples one token.
+`max_num_batched_tokens`; a request whose catch-up reaches its last token samples one token. Every
+partition (DP group) is scheduled on its own, with the whole budget (see partitions.py); one step's
+plan carries the rows of every partition.
 
-Cache pressure: an unconstrained request is preempted by recompute (its sequence is dropped and
-it re-queues with prompt + outputs as the new prompt). A constrained request is never preempted: it
-waits while other work in its partition progresses; when nothing in a partition can progress for
-`stall_timeout_s`, the youngest blocked request there is rejected with RESOURCE_EXHAUSTED.
+A new sequence starts from the longest prefix of its tokens found in the partition's prefix cache
+(prefix_cache.py); blocks are published once the workers confirmed the step that filled them.
+Cache pressure is handled as memory_pressure.py describes: evict cached blocks, preempt the youngest
+unconstrained request by recompute, constrained requests wait (or are replayed, opt-in); when
+nothing in a partition can progress for `stall_timeout_s`, the youngest blocked request there is
+rejected with RESOURCE_EXHAUSTED.
 
 Synchronous and single-owner: only the step loop calls it. The clock is injectable for tests.
 """
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from services.common.step_descriptors import StepPlan, StepResult, TokenMask
 from services.scheduler.errors import ErrorKind
-from services.scheduler.kv_cache import KvCacheManager
+from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
+from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
+from services.scheduler.partitions import PartitionQueues, choose_partition
+from services.scheduler.prefix_cache import PrefixCache, PrefixCachePolicy
 from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReason, Request,
                                          RequestPhase)
-from services.scheduler.step_plan import (NewSequence, ScheduledRow, StepPlan, StepResult,
-                                          TokenMask)
+from services.scheduler.step_rows import grammar_mask, new_sequence, scheduled_row
 from services.scheduler.token_commit import commit_sampled_token
 
-
 _FAILED = object()  # sentinel of _mask_or_fail: the request was failed
-
-
-@dataclass(frozen=True)
-class SchedulingLimits:
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    long_prefill_token_threshold: int
-    stall_timeout_s: float
-    eos_token_id: int
-
-
-@dataclass
-class SchedulerCounters:
-    steps_total: int = 0
-    preemptions_total: int = 0
-    stall_rejections_total: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
 
 
 class Scheduler:
     def __init__(self, limits: SchedulingLimits, kv: KvCacheManager,
                  counters: Optional[SchedulerCounters] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 prefix_policy: PrefixCachePolicy = PrefixCachePolicy(False, b"")) -> None:
         self.limits = limits
         self.kv = kv
+        self.prefix = PrefixCache(kv, prefix_policy)
         # Passed in so totals survive a new Scheduler after the workers reconnect.
         self.counters = counters if counters is not None else SchedulerCounters()
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.partitions = {pid: PartitionQueues(pid) for pid in kv.partition_ids}
         self._clock = clock
         self._by_seq: dict[int, Request] = {}
-        self._finished_seqs: dict[int, int] = {}  # dropped seq id → its partition, until sent
-        self._stalled_since: dict[int, float] = {}  # partition id → first step nothing progressed
+        self._finished_seqs: list[int] = []  # dropped seq ids, until a plan tells the workers
         self._next_seq_id = 1
         self._next_step_id = 1
 
     # ---- queue entry and exit -------------------------------------------------------------
+    @property
+    def waiting(self) -> list[Request]:
+        return [r for queues in self.partitions.values() for r in queues.waiting]
+
+    @property
+    def running(self) -> list[Request]:
+        return [r for queues in self.partitions.values() for r in queues.running]
+
     def add(self, request: Request) -> None:
+        """Queue a new request in the partition holding the longest cached prefix of its prompt
+        (among those with room to run it now), else the least loaded one."""
+        queues = choose_partition(
+            self.partitions, self.kv, self.limits.max_num_seqs,
+            lambda pid: self.prefix.lookup(request, pid).num_blocks)
         request.phase = RequestPhase.WAITING
-        self.waiting.append(request)
+        request.partition_id = queues.partition_id
+        queues.waiting.append(request)
         self.counters.prompt_tokens_total += len(request.prompt_token_ids)
 
     def request_for_seq(self, seq_id: int) -> Optional[Request]:
         return self._by_seq.get(seq_id)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._finished_seqs)
+        return bool(self._finished_seqs) or any(q.load for q in self.partitions.values())
 
     def abort(self, request: Request) -> None:
         self._finish(request, FinishReason.ABORT)
@@ -86,7 +86,7 @@ class Scheduler:
         request.emit(FailedEvent(kind, message))
 
     def fail_all(self, kind: ErrorKind, message: str) -> None:
-        for request in list(self.running) + list(self.waiting):
+        for request in self.running + self.waiting:
             self.fail(request, kind, message)
 
     def forget_worker_sequences(self) -> None:
@@ -94,160 +94,161 @@ class Scheduler:
         self._finished_seqs.clear()
 
     def seconds_until_stall_deadline(self) -> Optional[float]:
-        if not self._stalled_since:
+        stalls = [q.stalled_since for q in self.partitions.values() if q.stalled_since is not None]
+        if not stalls:
             return None
-        first = min(self._stalled_since.values())
-        return max(0.0, first + self.limits.stall_timeout_s - self._clock())
+        return max(0.0, min(stalls) + self.limits.stall_timeout_s - self._clock())
 
     # ---- planning -------------------------------------------------------------------------
     def schedule(self) -> Optional[StepPlan]:
         """The next step's plan, or None when there is nothing to send."""
         plan = StepPlan(step_id=self._next_step_id)
-        budget = self.limits.max_num_batched_tokens
-        scheduled: set[int] = set()
-        blocked: list[Request] = []
-        preemptions_before = self.counters.preemptions_total
-        for request in list(self.running):
-            if budget == 0:
-                break
-            if request.phase is not RequestPhase.RUNNING:
-                continue  # preempted by an earlier request of this loop
-            self.kv.release_outside_window(request.seq_id, request.num_computed_tokens)
-            num_new = self._num_new_tokens(request, budget)
-            if not self._make_room(request, request.num_computed_tokens + num_new, scheduled):
-                blocked.append(request)
-                continue
-            mask = self._mask_or_fail(request, num_new)
-            if mask is _FAILED:
-                continue
-            plan.rows.append(self._row(request, num_new, mask))
-            scheduled.add(request.seq_id)
-            budget -= num_new
-        if not blocked and self.counters.preemptions_total == preemptions_before:
-            self._admit_waiting(plan, budget)
-        self._track_stalls(blocked, {self._by_seq[row.seq_id].partition_id for row in plan.rows})
-        plan.finished_seq_ids = list(self._finished_seqs)
-        plan.partition_of = dict(self._finished_seqs)
-        plan.partition_of.update((row.seq_id, self._by_seq[row.seq_id].partition_id)
-                                 for row in plan.rows)
-        self._finished_seqs = {}
+        for queues in self.partitions.values():
+            self._schedule_partition(queues, plan)
+        plan.finished_seq_ids = self._finished_seqs
+        self._finished_seqs = []
         if not plan.rows and not plan.finished_seq_ids:
             return None
         self._next_step_id += 1
         return plan
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _schedule_partition(self, queues: PartitionQueues, plan: StepPlan) -> None:
+        budget = self.limits.max_num_batched_tokens
+        scheduled: set[int] = set()
+        blocked: list[Request] = []
+        preemptions_before = self.counters.preemptions_total
+        for request in list(queues.running):
+            if budget == 0:
+                break
+            if request.phase is not RequestPhase.RUNNING:
+                continue  # preempted by an earlier request of this loop
+            self.kv.release_outside_window(request.seq_id, request.num_computed_tokens)
+            num_new = self._make_room(queues, request, self._num_new_tokens(request, budget),
+                                      scheduled)
+            if num_new == 0:
+                blocked.append(request)
+                continue
+            mask = self._mask_or_fail(request, request.num_computed_tokens + num_new)
+            if mask is _FAILED:
+                continue
+            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
+            scheduled.add(request.seq_id)
+            budget -= num_new
+        if not blocked and self.counters.preemptions_total == preemptions_before:
+            budget = self._admit_waiting(queues, plan, budget)
+        self._track_stall(queues, blocked,
+                          progressed=budget < self.limits.max_num_batched_tokens)
+
+    def _num_new_tokens(self, request: Request, budget: int, start: Optional[int] = None) -> int:
+        num_new = request.num_tokens - (request.num_computed_tokens if start is None else start)
         threshold = self.limits.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
 
-    def _make_room(self, request: Request, num_tokens: int, scheduled: set[int]) -> bool:
-        """Preempt unconstrained requests of the partition until `request` can cover
-        `num_tokens`; False when it still cannot (it is blocked this step)."""
-        while not self.kv.can_allocate(request.seq_id, request.partition_id, num_tokens):
-            victim = self._pick_victim(request, scheduled)
+    def _make_room(self, queues: PartitionQueues, request: Request, num_new: int,
+                   scheduled: set[int]) -> int:
+        """Preempt others of the partition (memory_pressure.py) until `request` can cover
+        `num_new` more positions; with no victim left, as many as the free blocks cover.
+        Returns the positions to compute (0: blocked this step)."""
+        start = request.num_computed_tokens
+        while not self.kv.can_allocate(request.seq_id, request.partition_id, start + num_new):
+            victim = pick_victim(queues, request, scheduled, self.limits.constrained_preemption)
             if victim is None:
-                return False
-            self._preempt(victim)
-        return True
+                return self.kv.tokens_that_fit(request.seq_id, start, num_new)
+            self._preempt(queues, victim)
+        return num_new
 
-    def _pick_victim(self, request: Request, scheduled: set[int]) -> Optional[Request]:
-        candidates = [r for r in self.running
-                      if r is not request and not r.constrained
-                      and r.partition_id == request.partition_id and r.seq_id not in scheduled]
-        return max(candidates, key=lambda r: r.arrival, default=None)
-
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, queues: PartitionQueues, request: Request) -> None:
         self._drop_sequence(request)
-        self.running.remove(request)
+        queues.running.remove(request)
         request.phase = RequestPhase.WAITING
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
+        queues.waiting.appendleft(request)
         self.counters.preemptions_total += 1
+        if request.constrained:
+            request.release_matcher()  # rebuilt on resume (rebuild_matcher)
+            self.counters.constrained_preemptions_total += 1
 
-    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
-            seq_id = self._next_seq_id
-            num_new = self._num_new_tokens(request, budget)
-            partition_id = next((pid for pid in self.kv.partitions_by_load()
-                                 if self.kv.can_allocate(seq_id, pid, num_new)), None)
-            if partition_id is None:
-                if not self.running:
-                    self.fail(request, ErrorKind.RESOURCE_EXHAUSTED,
-                              f"request {request.request_id} does not fit an empty cache partition "
-                              f"({request.num_tokens} tokens)")
-                    continue
-                return
-            mask = self._mask_or_fail(request, num_new)
+    def _admit_waiting(self, queues: PartitionQueues, plan: StepPlan, budget: int) -> int:
+        """Start waiting requests while budget, max_num_seqs and blocks allow, each from its
+        longest cached prefix; returns the budget left."""
+        pid = queues.partition_id
+        while queues.waiting and budget > 0 and len(queues.running) < self.limits.max_num_seqs:
+            request = queues.waiting[0]
+            prefix = self.prefix.lookup(request, pid)
+            start = prefix.num_blocks * self.kv.block_size
+            wanted = self._num_new_tokens(request, budget, start)
+            num_new = self.kv.tokens_that_fit_start(pid, prefix, wanted)
+            if num_new < wanted and queues.running:
+                break  # wait for room rather than start a chunk the running requests squeeze
+            if num_new == 0:
+                self.fail(request, ErrorKind.RESOURCE_EXHAUSTED,
+                          f"request {request.request_id} does not fit an empty cache partition "
+                          f"({request.num_tokens} tokens)")
+                continue
+            if not self._resume_matcher(request):
+                continue
+            mask = self._mask_or_fail(request, start + num_new)
             if mask is _FAILED:
                 continue
-            self.waiting.popleft()
-            self._next_seq_id += 1
-            self._start_sequence(request, seq_id, partition_id)
-            plan.new_sequences.append(self._new_sequence(request))
-            plan.rows.append(self._row(request, num_new, mask))
+            queues.waiting.popleft()
+            self._start_sequence(queues, request, prefix)
+            plan.new_sequences.append(new_sequence(request))
+            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
             budget -= num_new
+        return budget
 
-    def _start_sequence(self, request: Request, seq_id: int, partition_id: int) -> None:
+    def _resume_matcher(self, request: Request) -> bool:
+        """A constrained request preempted under replay gets its matcher back; False when that
+        failed (the request failed)."""
+        if not request.needs_matcher_replay:
+            return True
+        error = rebuild_matcher(request)
+        if error is not None:
+            self.fail(request, ErrorKind.INTERNAL, error)
+            return False
+        return True
+
+    def _start_sequence(self, queues: PartitionQueues, request: Request,
+                        prefix: CachedPrefix) -> None:
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        cached = prefix.num_blocks * self.kv.block_size
+        queries, hits = self.prefix.record(request, queues.partition_id, cached)
+        self.counters.prefix_cache_queries_total += queries
+        self.counters.prefix_cache_hits_total += hits
+        self.kv.start(seq_id, queues.partition_id, prefix)
         request.phase = RequestPhase.RUNNING
         request.seq_id = seq_id
-        request.partition_id = partition_id
-        request.num_computed_tokens = 0
+        request.num_computed_tokens = request.num_cached_tokens = cached
         request.num_known_tokens = request.num_tokens
         self._by_seq[seq_id] = request
-        self.running.append(request)
+        queues.running.append(request)
 
-    @staticmethod
-    def _new_sequence(request: Request) -> NewSequence:
-        return NewSequence(
-            seq_id=request.seq_id, partition_id=request.partition_id,
-            prompt_token_ids=request.tokens_in_range(0, request.num_tokens),
-            logit_bias_token_ids=[t for t, _ in request.logit_bias],
-            logit_bias_values=[b for _, b in request.logit_bias])
-
-    def _row(self, request: Request, num_new: int, mask: Optional[TokenMask]) -> ScheduledRow:
-        start = request.num_computed_tokens
-        new_ids = self.kv.allocate(request.seq_id, request.partition_id, start + num_new)
-        append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
-        request.num_known_tokens = request.num_tokens
-        return ScheduledRow(
-            seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
-            append_token_ids=append, new_block_ids=new_ids.get("compressed", []),
-            new_window_block_ids=new_ids.get("window", []),
-            sample=start + num_new == request.num_tokens, mask=mask)
-
-    def _mask_or_fail(self, request: Request, num_new: int) -> Union[TokenMask, None, object]:
-        """The grammar mask when this row samples for a constrained request (None otherwise);
-        _FAILED when the matcher raised: that request fails, the step goes on."""
-        if request.matcher is None or request.num_computed_tokens + num_new < request.num_tokens:
+    def _mask_or_fail(self, request: Request, end: int) -> Union[TokenMask, None, object]:
+        """The grammar mask when this row (up to position `end`) samples for a constrained request
+        (None otherwise); _FAILED when the matcher raised: that request fails, the step goes on."""
+        if request.matcher is None or end < request.num_tokens:
             return None
         try:
-            row = request.matcher.mask()
+            return grammar_mask(request)
         except Exception as error:  # a grammar bug must not take the batch down
             self.fail(request, ErrorKind.INTERNAL,
                       f"grammar mask failed for request {request.request_id}: {error}")
             return _FAILED
-        if row.allowed_token_ids is not None:
-            return TokenMask(allowed_token_ids=list(row.allowed_token_ids))
-        return TokenMask(bitmask=bytes(row.bitmask))
 
-    def _track_stalls(self, blocked: list[Request], progressed: set[int]) -> None:
-        now = self._clock()
-        stalled = {r.partition_id for r in blocked} - progressed
-        self._stalled_since = {pid: self._stalled_since.get(pid, now) for pid in stalled}
-        for pid, since in list(self._stalled_since.items()):
-            if now - since < self.limits.stall_timeout_s:
-                continue
-            victim = max((r for r in blocked if r.partition_id == pid), key=lambda r: r.arrival)
-            self.counters.stall_rejections_total += 1
-            del self._stalled_since[pid]
-            self.fail(victim, ErrorKind.RESOURCE_EXHAUSTED,
-                      f"request {victim.request_id} stalled: cache partition {pid} has no free "
-                      f"blocks for it and no request there could progress for "
-                      f"{self.limits.stall_timeout_s:g}s; rejected to free the cache")
+    def _track_stall(self, queues: PartitionQueues, blocked: list[Request],
+                     progressed: bool) -> None:
+        victim = stalled_victim(queues, blocked, progressed, self._clock(),
+                                self.limits.stall_timeout_s)
+        if victim is None:
+            return
+        self.counters.stall_rejections_total += 1
+        self.fail(victim, ErrorKind.RESOURCE_EXHAUSTED,
+                  f"request {victim.request_id} stalled: cache partition {queues.partition_id} "
+                  f"has no free blocks for it and no request there could progress for "
+                  f"{self.limits.stall_timeout_s:g}s; rejected to free the cache")
 
     # ---- results --------------------------------------------------------------------------
     def commit(self, plan: StepPlan, result: StepResult) -> None:
@@ -258,12 +259,14 @@ class Scheduler:
             request = self._by_seq.get(row.seq_id)
             if request is None:
                 continue
-            request.num_computed_tokens += row.num_new_tokens
             row_result = by_seq.get(row.seq_id)
             if row_result is not None and row_result.error:
                 self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
                                                        f"{request.request_id}: {row_result.error}")
-            elif row.sample:
+                continue
+            request.num_computed_tokens += row.num_new_tokens
+            self.prefix.publish(request)  # the worker confirmed these positions
+            if row.sample:
                 self._commit_sample(request, row_result)
 
     def _commit_sample(self, request: Request, row_result) -> None:
@@ -287,18 +290,20 @@ class Scheduler:
                                    len(request.output_token_ids), hit_max_model_len))
 
     def _release(self, request: Request) -> None:
-        """Free everything the request holds; it leaves both queues and is FINISHED."""
+        """Free everything the request holds; it leaves its queues and is FINISHED."""
+        queues = self.partitions.get(request.partition_id)
         if request.phase is RequestPhase.RUNNING:
-            self.running.remove(request)
+            queues.running.remove(request)
             self._drop_sequence(request)
-        elif request.phase is RequestPhase.WAITING and request in self.waiting:
-            self.waiting.remove(request)
+        elif request.phase is RequestPhase.WAITING and queues is not None \
+                and request in queues.waiting:
+            queues.waiting.remove(request)
         request.release_matcher()
         request.phase = RequestPhase.FINISHED
 
     def _drop_sequence(self, request: Request) -> None:
         self.kv.free(request.seq_id)
-        self._finished_seqs[request.seq_id] = request.partition_id
+        self._finished_seqs.append(request.seq_id)
         del self._by_seq[request.seq_id]
         request.seq_id = None
         request.num_computed_tokens = 0

@@ -5,8 +5,9 @@ from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.scheduler.errors import ErrorKind, SchedulerError
 from services.scheduler.requests import (AdmittedEvent, ConstraintSpec, FinishedEvent, FinishReason,
                                          GenerateParams, RequestEvent, RequestPhase, TokensEvent)
-from services.scheduler.state_view import RequestSnapshot, RequestSummary, SchedulerSnapshot
-from services.scheduler.worker_client import WorkerStatusView
+from services.scheduler.state_view import (PartitionSnapshot, RequestSnapshot, RequestSummary,
+                                           SchedulerSnapshot)
+from services.scheduler.worker_connection import WorkerStatusView
 
 _CONSTRAINT_KINDS = {
     pb.CONSTRAINT_TYPE_STRUCTURAL_TAG: "structural_tag",
@@ -74,7 +75,7 @@ def summary_to_proto(summary: RequestSummary) -> pb.RequestSummary:
         request_id=summary.request_id, phase=_PHASES[summary.phase],
         partition_id=summary.partition_id or 0, prompt_tokens=summary.prompt_tokens,
         computed_tokens=summary.computed_tokens, output_tokens=summary.output_tokens,
-        constrained=summary.constrained)
+        constrained=summary.constrained, cached_tokens=summary.cached_tokens)
 
 
 def state_to_proto(snapshot: SchedulerSnapshot,
@@ -85,18 +86,29 @@ def state_to_proto(snapshot: SchedulerSnapshot,
         num_grammar_pending=snapshot.num_grammar_pending,
         num_live_matchers=snapshot.num_live_matchers,
         num_constrained_running=snapshot.num_constrained_running,
-        partitions=[pb.PartitionUsage(
-            partition_id=p.partition_id, running_requests=p.running_requests,
-            groups=[pb.BlockGroupUsage(group=g.group, total_blocks=g.total_blocks,
-                                       free_blocks=g.free_blocks, used_blocks=g.used_blocks)
-                    for g in p.groups]) for p in snapshot.partitions],
+        partitions=[partition_to_proto(p) for p in snapshot.partitions],
         workers=[worker_status_to_proto(w) for w in workers],
         steps_total=counters.steps_total, preemptions_total=counters.preemptions_total,
         stall_rejections_total=counters.stall_rejections_total,
         grammar_cache_entries=snapshot.grammar_cache_entries,
         requests=[summary_to_proto(r) for r in snapshot.requests],
         prompt_tokens_total=counters.prompt_tokens_total,
-        generation_tokens_total=counters.generation_tokens_total)
+        generation_tokens_total=counters.generation_tokens_total,
+        prefix_caching_enabled=snapshot.prefix_caching_enabled,
+        prefix_cache_queries_total=counters.prefix_cache_queries_total,
+        prefix_cache_hits_total=counters.prefix_cache_hits_total,
+        constrained_preemptions_total=counters.constrained_preemptions_total)
+
+
+def partition_to_proto(p: PartitionSnapshot) -> pb.PartitionUsage:
+    return pb.PartitionUsage(
+        partition_id=p.partition_id, running_requests=p.running_requests,
+        waiting_requests=p.waiting_requests,
+        groups=[pb.BlockGroupUsage(group=g.group, total_blocks=g.total_blocks,
+                                   free_blocks=g.free_blocks, used_blocks=g.used_blocks,
+                                   cached_blocks=g.cached_blocks) for g in p.groups],
+        prefix_cache_queries=p.prefix_cache.queries, prefix_cache_hits=p.prefix_cache.hits,
+        prefix_cache_hit_rate=p.prefix_cache.hit_rate)
 
 
 def request_state_to_proto(snapshot: RequestSnapshot) -> pb.GetRequestStateResponse:

@@ -7,30 +7,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Awaitable, Optional, TypeVar
 
 import grpc
 
+from services.common import correlation
 from services.common.config import SchedulerConfig
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc
 from services.scheduler.errors import ErrorKind, SchedulerError
 from services.scheduler.grammar_backend import GrammarFactory, grammar_factory
-from services.scheduler.requests import FailedEvent, FinishedEvent, RequestEvent
+from services.scheduler.requests import FailedEvent, FinishedEvent, GenerateParams, RequestEvent
 from services.scheduler.scheduler_protos import (event_to_proto, params_from_proto,
                                                  request_state_to_proto, state_to_proto,
                                                  worker_status_to_proto)
 from services.scheduler.step_loop import StepLoop
-from services.scheduler.step_plan import WorkerDescription
-from services.scheduler.worker_client import WorkerSet, WorkerTimeouts
+from services.scheduler.worker_description import WorkerDescription
+from services.scheduler.worker_client import WorkerSet
+from services.scheduler.worker_connection import WorkerTimeouts
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 T = TypeVar("T")
 _STATUS = {kind: getattr(grpc.StatusCode, kind.value) for kind in ErrorKind}
+# Trailing metadata of a back-pressure refusal: whole seconds after which a retry may succeed.
+RETRY_AFTER_KEY = "retry-after-s"
+DRAIN_POLL_S = 0.05
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -45,6 +50,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             params = params_from_proto(request)
         except SchedulerError as error:
             await context.abort(_STATUS[error.kind], error.message)
+        cid = correlation.from_metadata(context.invocation_metadata()) or params.request_id
+        params = replace(params, correlation_id=cid)
         events: asyncio.Queue[RequestEvent] = asyncio.Queue()
         emit = events.put_nowait  # one object: `cancel` recognises this call's request by it
         self._loop.submit(params, emit)
@@ -54,11 +61,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 event = await events.get()
                 if isinstance(event, FailedEvent):
                     ended = True
-                    await context.abort(_STATUS[event.kind], event.message)
+                    _log_failure(params, event)
+                    await context.abort(_STATUS[event.kind], event.message, _retry_metadata(event))
                 ended = isinstance(event, FinishedEvent)
+                if ended:
+                    _log_finish(params, event)
                 yield event_to_proto(event)
         finally:
             if not ended:  # the caller cancelled: abort and release everything now
+                log.info("request %s: cancelled by the caller", params.request_id,
+                         extra={"request_id": cid})
                 self._loop.cancel(params.request_id, emit)
 
     async def Abort(self, request: pb.AbortRequest,
@@ -100,6 +112,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return request_state_to_proto(snapshot)
 
 
+def _retry_metadata(event: FailedEvent) -> tuple[tuple[str, str], ...]:
+    return () if event.retry_after_s is None else ((RETRY_AFTER_KEY, str(event.retry_after_s)),)
+
+
+def _log_finish(params: GenerateParams, event: FinishedEvent) -> None:
+    log.info("request %s: finished (%s, %d prompt + %d completion tokens)", params.request_id,
+             event.reason.name.lower(), event.prompt_tokens, event.completion_tokens,
+             extra={"request_id": params.correlation_id})
+
+
+def _log_failure(params: GenerateParams, event: FailedEvent) -> None:
+    level = logging.INFO if event.retry_after_s is not None else logging.WARNING
+    log.log(level, "request %s: %s: %s", params.request_id, event.kind.value, event.message,
+            extra={"request_id": params.correlation_id})
+
+
 async def _or_abort(context: grpc.aio.ServicerContext, query: Awaitable[T]) -> T:
     """The query's answer, or the call ends with the status of its SchedulerError."""
     try:
@@ -120,6 +148,21 @@ class RunningScheduler:
     @property
     def port(self) -> int:
         return self.grpc.port
+
+    async def drain(self, grace_s: float) -> None:
+        """Graceful stop: refuse new requests, let live ones finish for up to `grace_s`, then fail
+        the rest with UNAVAILABLE (their callers get a clear error, not a cut connection)."""
+        self.loop.stop_admitting("the scheduler is shutting down; not accepting new requests")
+        deadline = asyncio.get_running_loop().time() + grace_s
+        live = await self.loop.num_live_requests()
+        while live and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+            live = await self.loop.num_live_requests()
+        if live:
+            failed = await self.loop.fail_live_requests(
+                f"the scheduler is shutting down; the request did not finish within the "
+                f"{grace_s:g}s shutdown grace")
+            log.warning("shutdown grace of %gs over: failed %d live request(s)", grace_s, failed)
 
     async def stop(self, grace_s: float = 1.0) -> None:
         await self.grpc.stop(grace_s)
@@ -157,12 +200,13 @@ async def start_scheduler_server(config: SchedulerConfig, *,
     workers = WorkerSet(config.worker_addresses, block_size=config.block_size,
                         expected_fingerprint=expected_fingerprint,
                         probe_interval_s=config.worker_probe_interval_s, timeouts=timeouts,
-                        on_ready=on_ready, on_lost=on_lost)
+                        on_ready=on_ready, on_lost=on_lost, tls=config.ops.tls)
     loop = StepLoop(config, workers, grammar or grammar_factory(config))
     servicer = SchedulerServicer(config, loop, workers)
     running_server = await start_server(
         config.host, config.port, [SERVICE_NAME],
-        lambda server: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server))
+        lambda server: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server),
+        tls=config.ops.tls, reflection_on=config.ops.grpc_reflection)
     loop_task = asyncio.get_running_loop().create_task(loop.run(), name="step loop")
     # A crashed step loop (logged by it) must not leave health SERVING.
     loop_task.add_done_callback(lambda task: task.cancelled() or flip_health(False))
@@ -178,6 +222,6 @@ async def serve(config: SchedulerConfig, *, started: Optional[asyncio.Event] = N
     if started is not None:
         started.set()
     try:
-        await serve_until_signal(running.grpc)
+        await serve_until_signal(running.grpc, config.ops.shutdown_grace_s, running.drain)
     finally:
         await running.stop()

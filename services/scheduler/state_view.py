@@ -1,12 +1,14 @@
 """Read-only snapshots of scheduler state for the debug RPCs (built inside the step loop task)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional
 
 from services.scheduler.kv_cache import BlockTable, GroupUsage, KvCacheManager
+from services.scheduler.prefix_cache import PrefixCacheStats
 from services.scheduler.requests import Request, RequestPhase
-from services.scheduler.scheduler import Scheduler, SchedulerCounters
+from services.scheduler.limits import SchedulerCounters
+from services.scheduler.scheduler import Scheduler
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class RequestSummary:
     computed_tokens: int
     output_tokens: int
     constrained: bool
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class PartitionSnapshot:
     partition_id: int
     groups: list[GroupUsage]
     running_requests: int
+    waiting_requests: int
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class SchedulerSnapshot:
     counters: SchedulerCounters
     grammar_cache_entries: int
     requests: list[RequestSummary] = field(default_factory=list)
+    prefix_caching_enabled: bool = False
 
     @staticmethod
     def build(scheduler: Optional[Scheduler], counters: SchedulerCounters,
@@ -47,9 +53,11 @@ class SchedulerSnapshot:
         running = scheduler.running if scheduler else []
         partitions = []
         if scheduler is not None:
-            partitions = [PartitionSnapshot(pid, scheduler.kv.usage(pid),
-                                            sum(1 for r in running if r.partition_id == pid))
-                          for pid in scheduler.kv.partition_ids]
+            stats = scheduler.prefix.partition_stats
+            partitions = [PartitionSnapshot(pid, scheduler.kv.usage(pid), len(queues.running),
+                                            len(queues.waiting),
+                                            replace(stats.get(pid, PrefixCacheStats())))
+                          for pid, queues in scheduler.partitions.items()]
         return SchedulerSnapshot(
             num_waiting=len(scheduler.waiting) if scheduler else 0,
             num_running=len(running),
@@ -59,13 +67,15 @@ class SchedulerSnapshot:
             partitions=partitions,
             counters=SchedulerCounters(**vars(counters)),
             grammar_cache_entries=grammar.cache_entries if grammar is not None else 0,
-            requests=[summarize(r) for r in live] if include_requests else [])
+            requests=[summarize(r) for r in live] if include_requests else [],
+            prefix_caching_enabled=scheduler is not None and scheduler.prefix.policy.enabled)
 
 
 def summarize(request: Request) -> RequestSummary:
     return RequestSummary(request.request_id, request.phase, request.partition_id,
                           len(request.prompt_token_ids), request.num_computed_tokens,
-                          len(request.output_token_ids), request.constrained)
+                          len(request.output_token_ids), request.constrained,
+                          request.num_cached_tokens if request.seq_id is not None else 0)
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,21 @@ from services.scheduler.admission import AdmissionLimits, admit
 from services.scheduler.errors import ErrorKind, SchedulerError, WorkerLost
 from services.scheduler.grammar_backend import GrammarBackend, GrammarFactory, compile_constraint
 from services.scheduler.kv_cache import KvCacheManager
+from services.scheduler.memory_pressure import ConstrainedPreemption
+from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash
 from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, FinishedEvent,
                                          FinishReason, GenerateParams, Request, RequestPhase)
-from services.scheduler.scheduler import Scheduler, SchedulerCounters, SchedulingLimits
+from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.scheduler import Scheduler
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
-from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
+from services.common.step_descriptors import StepPlan, StepResult
+from services.scheduler.worker_description import WorkerDescription
 
 log = logging.getLogger(__name__)
 
 Command = Callable[[], None]
+# Retry-After of a back-pressure refusal: about how long a step batch takes to drain a few requests.
+QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 class StepExecutor(Protocol):
@@ -56,6 +62,7 @@ class StepLoop:
         self._grammar_build: Optional[asyncio.Task] = None
         self.grammar: Optional[GrammarBackend] = None
         self.not_ready_reason = "no worker has completed its handshake yet"
+        self._refusal = ""  # set by `stop_admitting`: why new requests are refused
 
     # ---- called from other tasks (servicer, worker client); each enqueues a command ----------
     def submit(self, params: GenerateParams, emit: EventSink) -> None:
@@ -79,6 +86,22 @@ class StepLoop:
 
     async def request_snapshot(self, request_id: str) -> Optional[RequestSnapshot]:
         return await self._ask(lambda: self._request_snapshot(request_id))
+
+    def stop_admitting(self, reason: str) -> None:
+        """Graceful stop: refuse new requests with UNAVAILABLE; live ones go on."""
+        self._commands.put_nowait(lambda: setattr(self, "_refusal", reason))
+
+    async def num_live_requests(self) -> int:
+        return await self._ask(lambda: len(self._requests))
+
+    async def fail_live_requests(self, message: str) -> int:
+        """Fail every live request with UNAVAILABLE (end of a graceful stop); how many there were."""
+        def fail_all() -> int:
+            live = list(self._requests.values())
+            for request in live:
+                self._fail_anywhere(request, ErrorKind.UNAVAILABLE, message)
+            return len(live)
+        return await self._ask(fail_all)
 
     def workers_ready(self, description: WorkerDescription) -> None:
         self._commands.put_nowait(lambda: self._on_workers_ready(description))
@@ -151,7 +174,7 @@ class StepLoop:
         try:
             request, admitted = self._admit(params, emit)
         except SchedulerError as error:
-            emit(FailedEvent(error.kind, error.message))
+            emit(FailedEvent(error.kind, error.message, error.retry_after_s))
             return
         self._requests[request.request_id] = request
         self._sinks[request.request_id] = emit
@@ -169,6 +192,9 @@ class StepLoop:
     def _admit(self, params: GenerateParams, emit: EventSink) -> tuple[Request, AdmittedEvent]:
         if self._scheduler is None:
             raise SchedulerError(ErrorKind.UNAVAILABLE, f"not ready: {self.not_ready_reason}")
+        if self._refusal:
+            raise SchedulerError(ErrorKind.UNAVAILABLE, self._refusal)
+        self._check_queue_room()
         if params.request_id in self._requests:
             raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
                                  f"request id {params.request_id!r} is already live")
@@ -181,6 +207,16 @@ class StepLoop:
                                  f"the prompt ({len(request.prompt_token_ids)} tokens) can never "
                                  f"fit the KV cache of one partition")
         return request, admitted
+
+    def _check_queue_room(self) -> None:
+        """Back-pressure: refuse when `max_waiting_requests` are already queued (waiting, including
+        preempted ones, plus grammar-pending)."""
+        limit = self._config.max_waiting_requests
+        queued = len(self._scheduler.waiting) + len(self._compiles)
+        if limit and queued >= limit:
+            raise SchedulerError(ErrorKind.UNAVAILABLE,
+                                 f"overloaded: {queued} requests are queued (--max-waiting-requests "
+                                 f"{limit}); retry later", retry_after_s=QUEUE_FULL_RETRY_AFTER_S)
 
     def _forgetting(self, request: Request, emit: EventSink) -> EventSink:
         """Wrap the sink so a terminal event also drops the request from the live table."""
@@ -211,7 +247,8 @@ class StepLoop:
         self._compiles.pop(request.request_id, None)
         if request.phase is not RequestPhase.GRAMMAR_PENDING or self._scheduler is None:
             return
-        request.matcher = grammar.matcher(compiled)
+        request.matcher_factory = lambda: grammar.matcher(compiled)
+        request.matcher = request.matcher_factory()
         request.grammar_status = "ready"
         request.emit(admitted)
         self._scheduler.add(request)
@@ -249,8 +286,14 @@ class StepLoop:
             max_num_batched_tokens=min(self._config.max_num_batched_tokens,
                                        description.max_num_batched_tokens),
             long_prefill_token_threshold=self._config.long_prefill_token_threshold,
-            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id)
-        self._scheduler = Scheduler(limits, kv, self._counters)
+            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id,
+            constrained_preemption=ConstrainedPreemption(self._config.preempt_constrained))
+        prefix_policy = PrefixCachePolicy(
+            enabled=self._config.enable_prefix_caching,
+            root=root_hash(description.model_fingerprint, description.compute_dtype,
+                           description.block_size),
+            min_tokens_to_compute=self._config.prefix_min_tokens_to_compute)
+        self._scheduler = Scheduler(limits, kv, self._counters, prefix_policy=prefix_policy)
         self.not_ready_reason = ""
 
     async def _build_grammar(self, description: WorkerDescription) -> GrammarBackend:

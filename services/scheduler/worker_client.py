@@ -1,10 +1,13 @@
-"""Connections to the workers: handshake, the Step streams, failure detection and reconnection.
+"""The deployment's workers as one unit: handshake, world formation, Step fan-out, supervision.
 
-`WorkerSet` owns the connection state of every worker. It is ready when every worker has passed the
-handshake and has a Step stream; then the step loop is told `on_ready(description)`. A step that
-fails or times out, or a periodic probe (`Describe`) that fails, closes every stream, marks the set
-not ready and tells `on_lost(reason)`; a supervisor task keeps re-handshaking until every worker is
-back, then opens new streams (which start with no sequences) and reports ready again.
+`WorkerSet` is ready when every worker has passed the handshake, the workers agree on one world
+(same topology, their ranks covering it exactly once), that world is formed, and every worker has a
+Step stream; then the step loop is told `on_ready(description)`. A deployment of several workers
+forms its torch.distributed world through JoinWorld: on first contact, whenever the workers' rounds
+disagree (one restarted), and after any loss. A step that fails or times out, or a periodic probe
+(`Describe`) that fails, closes every stream, marks the set not ready and tells `on_lost(reason)`;
+the supervisor keeps re-handshaking until every worker is back, re-forms the world if needed, then
+opens new streams (which start with no sequences) and reports ready again.
 """
 from __future__ import annotations
 
@@ -14,55 +17,20 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from services.common.build_info import ABI_VERSION, build_id
-from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.common.config import TlsConfig
+from services.common.step_descriptors import StepPlan, StepResult, merge_results
+from services.common.step_protos import plan_to_proto
 from services.scheduler.errors import WorkerLost
-from services.scheduler.step_plan import StepPlan, StepResult, WorkerDescription
-from services.scheduler.worker_protos import (description_from_proto, merge_results,
-                                              plan_to_proto, result_from_proto)
+from services.scheduler.worker_connection import (HandshakeRefused, WorkerConnection,
+                                                  WorkerStatusView, WorkerTimeouts,
+                                                  WorkerUnreachable)
+from services.scheduler.worker_description import WorkerDescription
+from services.scheduler.world_checks import disagreement, needs_join
 
 log = logging.getLogger(__name__)
 
-_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 256 << 20),
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-
-
 PROBE_TIMEOUTS_TO_LOSE = 3
-
-
-class WorkerUnreachable(Exception):
-    """Describe or the health check failed, or the worker is not SERVING yet. `timed_out`: the
-    worker did not answer in time (maybe only busy), as opposed to refusing or being gone."""
-
-    def __init__(self, message: str, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-class HandshakeRefused(Exception):
-    """The worker answered Describe but disagrees with the scheduler (ABI, model, block size)."""
-
-
-@dataclass(frozen=True)
-class WorkerTimeouts:
-    step_s: float = 300.0     # a step slower than this means the worker hangs
-    probe_s: float = 5.0      # Describe round trip (handshake, probe, CheckReady)
-
-
-@dataclass(frozen=True)
-class WorkerStatusView:
-    address: str
-    connected: bool
-    error: str
-    last_ok_age_ms: int
 
 
 @dataclass(frozen=True)
@@ -70,93 +38,6 @@ class Readiness:
     ready: bool
     reason: str
     workers: list[WorkerStatusView]
-
-
-class WorkerConnection:
-    """One worker: its channel, handshake facts and (while ready) its Step stream."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.description: Optional[WorkerDescription] = None
-        self.error = "not connected yet"
-        self.last_ok: Optional[float] = None
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-        self._stream: Optional[grpc.aio.StreamStreamCall] = None
-        self.probe_timeouts = 0  # consecutive probes that timed out (see WorkerSet._probe)
-
-    async def describe(self, timeout_s: float) -> WorkerDescription:
-        """Describe, then a grpc.health.v1 check: a worker counts only once it reports SERVING
-        (its ranks loaded the model). Raises WorkerUnreachable naming the worker."""
-        request = worker_pb2.DescribeRequest(scheduler_abi_version=ABI_VERSION,
-                                             scheduler_build=build_id())
-        try:
-            response = await self._stub.Describe(request, timeout=timeout_s)
-            health = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError as error:
-            raise WorkerUnreachable(
-                f"worker {self.address}: {error.code().name}: {error.details()}",
-                timed_out=error.code() == grpc.StatusCode.DEADLINE_EXCEEDED) from None
-        if health.status != health_pb2.HealthCheckResponse.SERVING:
-            status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
-            raise WorkerUnreachable(f"worker {self.address} is not serving yet (health {status})")
-        self.last_ok = time.monotonic()
-        return description_from_proto(response)
-
-    def open_stream(self) -> None:
-        self.close_stream()
-        self._stream = self._stub.Step()
-
-    def close_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.cancel()
-            self._stream = None
-
-    async def step(self, request: worker_pb2.StepRequest, timeout_s: float) -> StepResult:
-        """One round trip on the stream; raises WorkerLost naming this worker."""
-        stream = self._stream  # `close_stream` may run meanwhile; this call keeps its stream
-        if stream is None:
-            raise WorkerLost(f"worker {self.address}: no open Step stream")
-        try:
-            response = await asyncio.wait_for(self._round_trip(stream, request), timeout_s)
-        except asyncio.TimeoutError:
-            raise WorkerLost(f"worker {self.address} did not answer step {request.step_id} "
-                             f"within {timeout_s:g}s") from None
-        except grpc.aio.AioRpcError as error:
-            message = f"worker {self.address}: {error.code().name}: {error.details()}"
-            raise WorkerLost(message) from None
-        except asyncio.InvalidStateError:  # writing to a stream the worker already ended
-            raise WorkerLost(f"worker {self.address} ended its Step stream: "
-                             f"{(await stream.code()).name}: {await stream.details()}") from None
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():
-                raise  # this task is being cancelled
-            # The stream was cancelled under us (`close_stream` after another worker failed).
-            raise WorkerLost(f"worker {self.address}: Step stream closed during step "
-                             f"{request.step_id}") from None
-        self.last_ok = time.monotonic()
-        return result_from_proto(response)
-
-    async def _round_trip(self, stream: grpc.aio.StreamStreamCall,
-                          request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
-        await stream.write(request)
-        response = await stream.read()
-        if response is grpc.aio.EOF:
-            raise WorkerLost(f"worker {self.address} closed its Step stream")
-        if response.step_id != request.step_id:
-            raise WorkerLost(f"worker {self.address} answered step {response.step_id} to step "
-                             f"{request.step_id}")
-        return response
-
-    def status(self, now: float) -> WorkerStatusView:
-        age = int((now - self.last_ok) * 1000) if self.last_ok is not None else 0
-        return WorkerStatusView(self.address, self.description is not None and not self.error,
-                                self.error, age)
-
-    async def close(self) -> None:
-        self.close_stream()
-        await self._channel.close()
 
 
 class WorkerSet:
@@ -167,8 +48,8 @@ class WorkerSet:
     def __init__(self, addresses: tuple[str, ...], *, block_size: int,
                  expected_fingerprint: Optional[str], probe_interval_s: float,
                  timeouts: WorkerTimeouts, on_ready: Callable[[WorkerDescription], None],
-                 on_lost: Callable[[str], None]) -> None:
-        self._connections = [WorkerConnection(address) for address in addresses]
+                 on_lost: Callable[[str], None], tls: TlsConfig = TlsConfig()) -> None:
+        self._connections = [WorkerConnection(address, tls) for address in addresses]
         self._block_size = block_size
         self._reference_fingerprint = expected_fingerprint
         self._fingerprint_source = "the expected fingerprint" if expected_fingerprint else ""
@@ -181,6 +62,10 @@ class WorkerSet:
         self.ready = False
         self._lost_reason = ""
         self.description: Optional[WorkerDescription] = None
+        # The world round this scheduler formed last; a new scheduler, and every loss, re-forms
+        # a world of several workers (its old collectives may be stuck on a lost peer).
+        self._world_round = 0
+        self._world_current = False
 
     def start(self) -> None:
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(),
@@ -208,11 +93,9 @@ class WorkerSet:
 
     async def _connect_all(self) -> None:
         handshakes = await asyncio.gather(*(self._handshake(c) for c in self._connections))
-        if not all(handshakes):
+        if not all(handshakes) or not self._one_world() or not await self._formed_world():
             return
         first = self._connections[0].description
-        if not self._same_block_groups(first):
-            return
         partitions = sorted({p for c in self._connections for p in c.description.partition_ids})
         budget = min(c.description.max_num_batched_tokens for c in self._connections)
         self.description = replace(first, partition_ids=tuple(partitions),
@@ -223,16 +106,37 @@ class WorkerSet:
         log.info("all %d workers connected; partitions %s", len(self._connections), partitions)
         self._on_ready(self.description)
 
-    def _same_block_groups(self, first: WorkerDescription) -> bool:
-        """Every partition gets the first worker's block capacity, so all must report the same."""
-        for connection in self._connections[1:]:
-            if connection.description.block_groups != first.block_groups:
-                connection.error = (
-                    f"worker {connection.address} refused: its block groups "
-                    f"{connection.description.block_groups} differ from worker "
-                    f"{self._connections[0].address}'s {first.block_groups}")
-                connection.description = None
-                return False
+    def _one_world(self) -> bool:
+        """The workers agree on the topology and block capacity (every partition gets the first
+        worker's), and their ranks cover the world exactly once; else one is refused."""
+        problem = disagreement([(c.address, c.description) for c in self._connections])
+        if problem is None:
+            return True
+        address, why = problem
+        connection = next(c for c in self._connections if c.address == address)
+        if connection.error != why:
+            log.error("%s", why)
+        connection.error, connection.description = why, None
+        return False
+
+    async def _formed_world(self) -> bool:
+        """Forms a new world round through JoinWorld when the workers need one."""
+        described = [c.description for c in self._connections]
+        rounds = {d.world_round for d in described}
+        if not needs_join(described) or (self._world_current and len(rounds) == 1
+                                         and 0 not in rounds):
+            return True
+        round_ = max(rounds | {self._world_round}) + 1
+        log.info("forming world round %d over %d workers", round_, len(self._connections))
+        outcomes = await asyncio.gather(
+            *(c.join_world(round_, self._timeouts.join_s) for c in self._connections),
+            return_exceptions=True)
+        failed = [(c, o) for c, o in zip(self._connections, outcomes) if isinstance(o, Exception)]
+        for connection, error in failed:
+            connection.error = str(error)
+        if failed:
+            return False
+        self._world_round, self._world_current = round_, True
         return True
 
     async def _handshake(self, connection: WorkerConnection) -> bool:
@@ -295,6 +199,7 @@ class WorkerSet:
             return
         log.error("%s; failing in-flight requests and reconnecting", reason)
         self.ready = False
+        self._world_current = False
         self._lost_reason = reason
         for each in self._connections:
             each.close_stream()

@@ -2,8 +2,10 @@
 
 Computed on the host before any rank starts, from `config.json`, the checkpoint's tensor index and
 `ModelRuntime.block_bytes` — no weights are loaded. Block capacity is `--num-blocks` when given,
-else the KV memory budget divided by the bytes one block costs in both groups together (both
-groups get the same count, as `WorkerConfig.num_blocks` is per group).
+else the KV memory budget divided by the bytes one block costs in every group together. Every group
+gets the same count (`WorkerConfig.num_blocks` is per group): a prefix-cache hit at a block boundary
+needs, in each windowed group, the blocks just before it, so keeping every boundary of a cached
+prefix hittable takes as many blocks in each group as in the whole-sequence group.
 """
 from __future__ import annotations
 
@@ -14,16 +16,11 @@ from pathlib import Path
 import torch
 
 from services.common.config import WorkerConfig
-from services.worker.model.checkpoint import checkpoint_fingerprint
+from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
-from services.worker.model.kv_cache import rows_per_block
+from services.worker.model.kv_cache import FAMILY_GROUPS, rows_per_block
+from services.worker.model.parallel import check_topology
 from services.worker.model.runtime import BlockCost, ModelRuntime
-
-WINDOW_GROUP = "window"
-COMPRESSED_GROUP = "compressed"
-# Which group holds each block-backed family's rows.
-_FAMILY_GROUPS = {"ori": WINDOW_GROUP, "cmp_c4": COMPRESSED_GROUP, "cmp_c128": COMPRESSED_GROUP,
-                  "idx": COMPRESSED_GROUP}
 
 
 @dataclass(frozen=True)
@@ -37,10 +34,9 @@ class BlockGroupInfo:
 @dataclass(frozen=True)
 class CacheFamilyInfo:
     name: str
-    group: str  # empty for per-sequence state families
+    group: str
     rows_per_block: int  # summed over layers
     bytes_per_block: int
-    bytes_per_sequence: int  # per-sequence state families only
 
 
 @dataclass(frozen=True)
@@ -52,11 +48,10 @@ class ModelFacts:
     block_groups: tuple[BlockGroupInfo, ...]
     cache_families: tuple[CacheFamilyInfo, ...]
 
-    def num_blocks(self, group: str) -> int:
-        for info in self.block_groups:
-            if info.name == group:
-                return info.num_blocks
-        raise KeyError(f"no block group named {group!r}")
+    @property
+    def num_blocks_per_group(self) -> int:
+        """Blocks of each group (every group has the same count)."""
+        return self.block_groups[0].num_blocks
 
 
 def compute_dtype_name(config: WorkerConfig) -> str:
@@ -84,14 +79,16 @@ def model_fingerprint(config_fingerprint: str, checkpoint_fingerprint: str) -> s
 
 
 def describe_model(config: WorkerConfig) -> ModelFacts:
-    """Reads config.json and fingerprints the checkpoint (no weights loaded)."""
+    """Reads config.json and fingerprints the checkpoint (no weights loaded). Raises TopologyError
+    when --tp/--ep do not divide the model."""
     model = ModelConfig.from_json_file(Path(config.model_dir) / "config.json")
+    topology = config.topology
+    check_topology(model, topology.dp, topology.tp, topology.ep)
     dtype_name = compute_dtype_name(config)
     cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
-    num_blocks = blocks_per_group(config, cost.window_block_bytes + cost.compressed_block_bytes)
-    groups = (BlockGroupInfo(WINDOW_GROUP, num_blocks, cost.window_block_bytes,
-                             model.sliding_window),
-              BlockGroupInfo(COMPRESSED_GROUP, num_blocks, cost.compressed_block_bytes, 0))
+    num_blocks = blocks_per_group(config, cost.all_groups_block_bytes)
+    groups = tuple(BlockGroupInfo(name, num_blocks, size, cost.group_windows[name])
+                   for name, size in cost.group_block_bytes.items())
     return ModelFacts(
         vocab_size=model.vocab_size, eos_token_id=model.eos_token_id,
         model_fingerprint=model_fingerprint(model.fingerprint(),
@@ -102,15 +99,12 @@ def describe_model(config: WorkerConfig) -> ModelFacts:
 
 def cache_families(model: ModelConfig, block_size: int,
                    cost: BlockCost) -> tuple[CacheFamilyInfo, ...]:
-    """Block-backed families (rows per block summed over the main layers), then per-sequence
-    states."""
+    """Every family of the model with its rows per block, summed over the main layers."""
     ratios = [model.layer_ratio(i) for i in range(model.num_hidden_layers)]
-    layers_and_ratio = {"ori": (len(ratios), 1), "cmp_c4": (ratios.count(4), 4),
-                        "cmp_c128": (ratios.count(128), 128), "idx": (ratios.count(4), 4)}
-    families = [CacheFamilyInfo(name, _FAMILY_GROUPS[name],
-                                layers * rows_per_block(block_size, ratio),
-                                cost.family_block_bytes[name], 0)
-                for name, (layers, ratio) in layers_and_ratio.items()]
-    families += [CacheFamilyInfo(name, "", 0, 0, state_bytes)
-                 for name, state_bytes in cost.sequence_state_bytes.items()]
-    return tuple(families)
+    n_c4, n_c128 = ratios.count(4), ratios.count(128)
+    rows = {"ori": len(ratios) * block_size, "cmp_c4": n_c4 * rows_per_block(block_size, 4),
+            "cmp_c128": n_c128 * rows_per_block(block_size, 128),
+            "idx": n_c4 * rows_per_block(block_size, 4), "csa_state": n_c4 * block_size,
+            "csa_inner_state": n_c4 * block_size, "hca_state": n_c128 * block_size}
+    return tuple(CacheFamilyInfo(name, FAMILY_GROUPS[name], rows[name], size)
+                 for name, size in cost.family_block_bytes.items())

@@ -3,13 +3,16 @@
 The scheduler owns request state and block tables and sends diffs (a sequence's prompt once, then a
 few ids per row). `PartitionExecutor` keeps the mirror a rank needs to turn those diffs into full
 `SequenceChunk`s: per sequence the known tokens, how many positions are cached, the block table of
-each group and the logit bias. It is the only owner of that state.
+each group and the logit bias. It is the only owner of that state. A sequence that starts from a
+prefix-cache hit begins with `num_cached_tokens` positions cached; its first row lists the shared
+blocks (a windowed group's table gets -1 for the blocks before the hit's window: never read).
 
 A bad row (unknown sequence, a gap in positions, blocks missing or out of range, a mask that allows
 nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows
 of the step still run.
 
-The descriptor dataclasses below mirror `worker.proto`; `services/worker/server.py` converts.
+The ranks of every partition receive the same plan; an executor runs only the rows and new sequences
+of its own partition (`PartitionLimits.partition_id`).
 """
 from __future__ import annotations
 
@@ -20,67 +23,9 @@ from typing import Iterator, Optional, Protocol, Union
 import numpy as np
 import torch
 
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
+                                              StepPlan, StepResult, TokenMask)
 from services.worker.model.runtime import SequenceChunk, StepOutput
-
-
-@dataclass(frozen=True)
-class NewSequence:
-    """Sent once, in the first step that schedules the sequence."""
-
-    seq_id: int
-    partition_id: int
-    prompt_token_ids: tuple[int, ...]
-    logit_bias_token_ids: tuple[int, ...] = ()
-    logit_bias_values: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class TokenMask:
-    """Tokens allowed at a sampled position: ascending ids (short form) or XGrammar bitmask bytes
-    (long form, ceil(vocab/32) little-endian int32 words). An empty mask allows nothing."""
-
-    allowed_token_ids: tuple[int, ...] = ()
-    bitmask: bytes = b""
-
-
-@dataclass(frozen=True)
-class ScheduledRow:
-    """Compute `num_new_tokens` positions from `num_computed_tokens` (worker.proto ScheduledRow)."""
-
-    seq_id: int
-    num_computed_tokens: int
-    num_new_tokens: int
-    append_token_ids: tuple[int, ...] = ()
-    new_block_ids: tuple[int, ...] = ()
-    new_window_block_ids: tuple[int, ...] = ()
-    sample: bool = False
-    mask: Optional[TokenMask] = None
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    step_id: int
-    new_sequences: tuple[NewSequence, ...] = ()
-    rows: tuple[ScheduledRow, ...] = ()
-    # Dropped before the rows run, so a preempted sequence can come back as new in the same step.
-    finished_seq_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RowResult:
-    seq_id: int
-    sampled_token_id: Optional[int] = None
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step_id: int
-    # One per row that asked for sampling or failed, in request order.
-    results: tuple[RowResult, ...] = ()
-    forward_ns: int = 0
-    # Non-empty when the whole step failed.
-    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,16 +35,14 @@ class PartitionLimits:
     partition_id: int
     vocab_size: int
     block_size: int
-    num_blocks: int  # compressed group
-    num_window_blocks: int  # window group
+    num_blocks: int  # per block group
+    block_groups: tuple[str, ...]  # the groups every sequence has a table in
 
 
 class StepRuntime(Protocol):
     """The part of `ModelRuntime` the executor calls."""
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput: ...
-
-    def free_sequence(self, seq_id: int) -> None: ...
 
 
 class RowError(Exception):
@@ -110,8 +53,7 @@ class RowError(Exception):
 class SequenceState:
     token_ids: list[int]  # prompt, then the output tokens committed so far
     num_computed_tokens: int
-    block_table: list[int] = field(default_factory=list)
-    window_block_table: list[int] = field(default_factory=list)
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
 
@@ -150,11 +92,16 @@ def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
 
 
 class PartitionExecutor:
-    """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe."""
+    """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe.
 
-    def __init__(self, runtime: StepRuntime, limits: PartitionLimits) -> None:
+    Every rank of a partition prepares the same rows (so their collectives agree); only the one that
+    `answers` (the partition's TP rank 0) samples and reports results.
+    """
+
+    def __init__(self, runtime: StepRuntime, limits: PartitionLimits, answers: bool = True) -> None:
         self._runtime = runtime
         self._limits = limits
+        self._answers = answers
         self._sequences: dict[int, SequenceState] = {}
 
     @property
@@ -162,17 +109,21 @@ class PartitionExecutor:
         return list(self._sequences)
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Runs one step. Row problems become row errors; a runtime exception propagates."""
+        """Runs this partition's part of one step (the runtime runs even when that part is empty:
+        an expert-parallel world needs every rank). Row problems become row errors; a runtime
+        exception propagates."""
+        partition_id = self._limits.partition_id
         for seq_id in plan.finished_seq_ids:
             self._drop(seq_id)
-        rejected = self._admit(plan.new_sequences)
+        rejected = self._admit([s for s in plan.new_sequences if s.partition_id == partition_id])
+        rows = tuple(row for row in plan.rows if row.partition_id == partition_id)
         prepared: list[Union[SequenceChunk, RowError]] = [
-            self._prepare_or_error(row, rejected) for row in plan.rows]
+            self._prepare_or_error(row, rejected) for row in rows]
         chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
         started = time.perf_counter_ns()
         outcomes = self._run(chunks)
         forward_ns = time.perf_counter_ns() - started
-        results = self._row_results(plan.rows, prepared, iter(outcomes))
+        results = self._row_results(rows, prepared, iter(outcomes))
         return StepResult(plan.step_id, tuple(results), forward_ns)
 
     def reset(self) -> None:
@@ -188,24 +139,21 @@ class PartitionExecutor:
         warm_up_seq_id = 0
         chunk = SequenceChunk(seq_id=warm_up_seq_id, start_pos=0,
                               token_ids=[i % self._limits.vocab_size for i in range(num_tokens)],
-                              block_table=[0], window_block_table=[0], sample=True)
+                              block_tables={group: [0] for group in self._limits.block_groups},
+                              sample=self._answers)
         self._runtime.step([chunk])
-        self._runtime.free_sequence(warm_up_seq_id)
 
     def _run(self, chunks: list[SequenceChunk]) -> list[tuple[Optional[int], Optional[str]]]:
         """(sampled token, sampling error) per chunk."""
-        if not chunks:
-            return []
         output = self._runtime.step(chunks)
         errors = output.errors or [None] * len(chunks)
         return list(zip(output.sampled, errors))
 
     def _drop(self, seq_id: int) -> None:
         # Unknown ids are fine: a sequence whose NewSequence was rejected still gets finished.
-        if self._sequences.pop(seq_id, None) is not None:
-            self._runtime.free_sequence(seq_id)
+        self._sequences.pop(seq_id, None)
 
-    def _admit(self, new_sequences: tuple[NewSequence, ...]) -> dict[int, str]:
+    def _admit(self, new_sequences: list[NewSequence]) -> dict[int, str]:
         """Registers new sequences; returns the rejected ones' errors, reported on their rows."""
         rejected: dict[int, str] = {}
         for new in new_sequences:
@@ -216,13 +164,16 @@ class PartitionExecutor:
         return rejected
 
     def _new_state(self, new: NewSequence) -> SequenceState:
-        if new.partition_id != self._limits.partition_id:
-            raise RowError(f"new sequence {new.seq_id} names partition {new.partition_id}; "
-                           f"this executor holds partition {self._limits.partition_id}")
         if new.seq_id in self._sequences:
             raise RowError(f"new sequence {new.seq_id} is already live")
         self._check_token_ids(new.prompt_token_ids, "prompt")
-        return SequenceState(token_ids=list(new.prompt_token_ids), num_computed_tokens=0,
+        if new.num_cached_tokens >= max(1, len(new.prompt_token_ids)):
+            raise RowError(f"new sequence {new.seq_id}: {new.num_cached_tokens} cached tokens "
+                           f"leave nothing of its {len(new.prompt_token_ids)} prompt tokens to "
+                           f"compute")
+        return SequenceState(token_ids=list(new.prompt_token_ids),
+                             num_computed_tokens=new.num_cached_tokens,
+                             block_tables={group: [] for group in self._limits.block_groups},
                              logit_bias=self._logit_bias(new))
 
     def _logit_bias(self, new: NewSequence) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -263,14 +214,17 @@ class PartitionExecutor:
                             if row.sample and row.mask is not None else (None, None))
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         state.token_ids.extend(row.append_token_ids)
-        state.block_table.extend(row.new_block_ids)
-        state.window_block_table.extend(row.new_window_block_ids)
+        for blocks in row.new_blocks:
+            table = state.block_tables[blocks.group]
+            table.extend([-1] * (blocks.first_logical_block - len(table)))
+            table.extend(blocks.block_ids)
         state.num_computed_tokens = end
         return SequenceChunk(seq_id=row.seq_id, start_pos=start,
                              token_ids=state.token_ids[start:end],
-                             block_table=list(state.block_table),
-                             window_block_table=list(state.window_block_table),
-                             sample=row.sample, allowed_token_ids=allowed, token_bitmask=bitmask,
+                             block_tables={group: list(table)
+                                           for group, table in state.block_tables.items()},
+                             sample=row.sample and self._answers, allowed_token_ids=allowed,
+                             token_bitmask=bitmask,
                              logit_bias=state.logit_bias if row.sample else None)
 
     def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
@@ -285,21 +239,35 @@ class PartitionExecutor:
         if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
                            f"only {known} tokens are known")
-        self._check_table(len(state.block_table), row.new_block_ids, self._limits.num_blocks, end,
-                          "compressed")
-        self._check_table(len(state.window_block_table), row.new_window_block_ids,
-                          self._limits.num_window_blocks, end, "window")
+        new_by_group: dict[str, GroupBlocks] = {}
+        for blocks in row.new_blocks:
+            self._check_new_blocks(blocks, state, new_by_group)
+            new_by_group[blocks.group] = blocks
+        for group, table in state.block_tables.items():
+            self._check_table_length(group, table, new_by_group.get(group), end)
 
-    def _check_table(self, table_len: int, new_ids: tuple[int, ...], num_blocks: int, end: int,
-                     group: str) -> None:
-        out_of_range = [block for block in new_ids if block >= num_blocks]
+    def _check_new_blocks(self, blocks: GroupBlocks, state: SequenceState,
+                          seen: dict[str, GroupBlocks]) -> None:
+        if blocks.group not in state.block_tables:
+            raise RowError(f"unknown block group {blocks.group!r}")
+        if blocks.group in seen:
+            raise RowError(f"block group {blocks.group!r} listed twice in one row")
+        out_of_range = [block for block in blocks.block_ids if block >= self._limits.num_blocks]
         if out_of_range:
-            raise RowError(f"{group} block id {out_of_range[0]} is out of range "
-                           f"(the partition has {num_blocks} blocks)")
+            raise RowError(f"{blocks.group} block id {out_of_range[0]} is out of range "
+                           f"(the partition has {self._limits.num_blocks} blocks)")
+        table_len = len(state.block_tables[blocks.group])
+        if blocks.first_logical_block < table_len:
+            raise RowError(f"{blocks.group} blocks start at logical block "
+                           f"{blocks.first_logical_block}, the table already has {table_len}")
+
+    def _check_table_length(self, group: str, table: list[int], new: Optional[GroupBlocks],
+                            end: int) -> None:
+        length = len(table) if new is None else new.first_logical_block + len(new.block_ids)
         needed = -(-end // self._limits.block_size)
-        if table_len + len(new_ids) < needed:
+        if length < needed:
             raise RowError(f"missing {group} blocks: {end} positions need {needed} blocks, "
-                           f"the table has {table_len + len(new_ids)}")
+                           f"the table has {length}")
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],

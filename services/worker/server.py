@@ -1,15 +1,18 @@
-"""The worker's gRPC server on this host's rank 0: `Worker` (Describe, Step), health, reflection.
+"""The worker's gRPC server: `Worker` (Describe, Step, JoinWorld), health, reflection.
 
-The servicer only converts protos ↔ the dataclasses of `executor.py` and hands steps to the
-`RankGroup`; model compute runs in the rank processes, never on this event loop. Health reports
-SERVING once every rank has loaded the model and warmed up, and NOT_SERVING again if a rank exits.
+The servicer only converts protos ↔ the step dataclasses and hands work to the `RankGroup`; model
+compute runs in the rank processes, never on this event loop. A worker that drives the whole world
+reports SERVING once every rank has loaded the model, joined and warmed up, and NOT_SERVING for good
+if a rank exits. A worker that drives part of a larger world reports SERVING once its ranks have
+loaded: it can (re)join the world whenever the scheduler calls JoinWorld, which also replaces its
+ranks after one of them exited.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Iterable, Optional
 
 import grpc
 
@@ -17,63 +20,34 @@ from services.common.build_info import ABI_VERSION, build_id
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
+from services.common.step_descriptors import StepResult
+from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
-from services.worker.executor import (NewSequence, ScheduledRow, StepPlan, StepResult,
-                                      TokenMask)
 from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
-                                   RuntimeFactory, rank_specs)
+                                   RuntimeFactory, rank_specs, store_address)
 
 _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
-def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
-    return StepPlan(
-        step_id=request.step_id,
-        new_sequences=tuple(NewSequence(
-            seq_id=new.seq_id, partition_id=new.partition_id,
-            prompt_token_ids=tuple(new.prompt_token_ids),
-            logit_bias_token_ids=tuple(new.logit_bias_token_ids),
-            logit_bias_values=tuple(new.logit_bias_values)) for new in request.new_sequences),
-        rows=tuple(_row_from_proto(row) for row in request.rows),
-        finished_seq_ids=tuple(request.finished_seq_ids))
-
-
-def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
-    mask = (TokenMask(allowed_token_ids=tuple(row.mask.allowed_token_ids), bitmask=row.mask.bitmask)
-            if row.HasField("mask") else None)
-    return ScheduledRow(seq_id=row.seq_id, num_computed_tokens=row.num_computed_tokens,
-                        num_new_tokens=row.num_new_tokens,
-                        append_token_ids=tuple(row.append_token_ids),
-                        new_block_ids=tuple(row.new_block_ids),
-                        new_window_block_ids=tuple(row.new_window_block_ids),
-                        sample=row.sample, mask=mask)
-
-
-def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
-    return worker_pb2.StepResponse(
-        step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
-        results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
-                                      error=row.error) for row in result.results])
-
-
 def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
+    """The static part of Describe (`world_round` is filled in per call)."""
     topology = config.topology
+    ranks = config.driven_ranks
     return worker_pb2.DescribeResponse(
         abi_version=ABI_VERSION, build_id=build_id(), model_fingerprint=facts.model_fingerprint,
         topology=worker_pb2.Topology(world_size=topology.world_size, dp=topology.dp, tp=topology.tp,
-                                     ep=topology.ep, host_ranks=range(topology.world_size),
-                                     backend=topology.backend),
+                                     ep=topology.ep, host_ranks=ranks, backend=topology.backend),
         block_size=config.block_size, vocab_size=facts.vocab_size,
-        eos_token_id=facts.eos_token_id, partition_ids=[0],
+        eos_token_id=facts.eos_token_id,
+        partition_ids=sorted({rank // topology.tp for rank in ranks}),
         block_groups=[worker_pb2.BlockGroup(name=group.name, num_blocks=group.num_blocks,
                                             bytes_per_block=group.bytes_per_block,
                                             sliding_window=group.sliding_window)
                       for group in facts.block_groups],
         cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
                                                rows_per_block=family.rows_per_block,
-                                               bytes_per_block=family.bytes_per_block,
-                                               bytes_per_sequence=family.bytes_per_sequence)
+                                               bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
         max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
 
@@ -89,13 +63,43 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._ranks_started = ranks_started
         self._step_lock = asyncio.Lock()
         self._stream_generation = 0
+        self.joined = asyncio.Event()  # set by each JoinWorld; the supervisor watches new ranks
+        self._stopping = False
+        self._sequences = SequenceLog()
 
     async def Describe(self, request: worker_pb2.DescribeRequest,
                        context: grpc.aio.ServicerContext) -> worker_pb2.DescribeResponse:
         if request.scheduler_abi_version != ABI_VERSION:
             _LOG.warning("scheduler %s speaks ABI %d, this worker ABI %d", request.scheduler_build,
                          request.scheduler_abi_version, ABI_VERSION)
-        return self._describe
+        response = worker_pb2.DescribeResponse()
+        response.CopyFrom(self._describe)
+        response.world_round = self._ranks.world_round
+        return response
+
+    async def JoinWorld(self, request: worker_pb2.JoinWorldRequest,
+                        context: grpc.aio.ServicerContext) -> worker_pb2.JoinWorldResponse:
+        if self._ranks.forms_world_alone:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this worker drives the whole world and forms it alone")
+        if self._ranks.busy:
+            # A step of the old world is still running (its Step stream may be gone already): it
+            # may wait forever in a collective with a lost peer, and its world is being replaced
+            # anyway. Its ranks go; the join below starts new ones.
+            _LOG.warning("JoinWorld %d during a step of the old world: replacing this worker's "
+                         "ranks", request.round)
+            await self._ranks.kill()
+        async with self._step_lock:  # no step may run while the world changes
+            self._stream_generation += 1  # the Step streams of the old world are over
+            try:
+                await asyncio.shield(self._ranks_started)
+                await self._ranks.join(request.round)
+            except RankGroupError as error:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"joining world round "
+                                                                 f"{request.round}: {error}")
+        _LOG.info("joined world round %d", request.round)
+        self.joined.set()
+        return worker_pb2.JoinWorldResponse(round=request.round)
 
     async def Step(self, request_iterator: AsyncIterator[worker_pb2.StepRequest],
                    context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.StepResponse]:
@@ -103,8 +107,24 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self._stream_generation += 1
             generation = self._stream_generation
             await self._drop_all_sequences()
+            self._sequences.clear()
         async for request in request_iterator:
-            yield await self._step(request, generation)
+            response = await self._step(request, generation)
+            if response is None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
+            yield response
+
+    async def drain(self, grace_s: float) -> None:
+        """Graceful stop: the step in flight finishes (up to `grace_s`); later steps end the
+        stream with UNAVAILABLE, so the scheduler fails its requests clearly and reconnects."""
+        try:
+            await asyncio.wait_for(self._step_lock.acquire(), grace_s)
+        except asyncio.TimeoutError:
+            _LOG.warning("the step in flight did not finish within the %gs shutdown grace", grace_s)
+            self._stopping = True
+            return
+        self._stopping = True
+        self._step_lock.release()
 
     async def _drop_all_sequences(self) -> None:
         try:
@@ -114,18 +134,59 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             pass  # every step of this stream reports the failure
 
     async def _step(self, request: worker_pb2.StepRequest,
-                    generation: int) -> worker_pb2.StepResponse:
+                    generation: int) -> Optional[worker_pb2.StepResponse]:
+        """The step's response; None once a graceful stop began (no new step starts)."""
         async with self._step_lock:
+            if self._stopping:
+                return None
             if generation != self._stream_generation:
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error="superseded by a newer Step stream")
+            self._sequences.started(request.new_sequences)
             try:
                 await asyncio.shield(self._ranks_started)
                 result = await self._ranks.step(plan_from_proto(request))
             except RankGroupError as error:
+                self._sequences.step_failed(request, str(error))
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error=f"worker ranks failed: {error}")
+        self._sequences.ended(request, result)
         return result_to_proto(result)
+
+
+class SequenceLog:
+    """Logs sequence starts and failures under the request's correlation id (the scheduler sends
+    it once, in NewSequence); forgets a sequence when the scheduler finishes it."""
+
+    def __init__(self) -> None:
+        self._request_ids: dict[int, str] = {}
+
+    def clear(self) -> None:
+        self._request_ids.clear()
+
+    def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
+        for new in new_sequences:
+            self._request_ids[new.seq_id] = new.request_id
+            _LOG.info("sequence %d started (%d prompt tokens, %d from the prefix cache)", new.seq_id,
+                      len(new.prompt_token_ids), new.num_cached_tokens,
+                      extra={"request_id": new.request_id})
+
+    def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:
+        for row in request.rows:
+            self._failed(row.seq_id, error)
+
+    def ended(self, request: worker_pb2.StepRequest, result: StepResult) -> None:
+        if result.error:
+            self.step_failed(request, result.error)
+        for row in result.results:
+            if row.error:
+                self._failed(row.seq_id, row.error)
+        for seq_id in request.finished_seq_ids:
+            self._request_ids.pop(seq_id, None)
+
+    def _failed(self, seq_id: int, error: str) -> None:
+        _LOG.warning("sequence %d failed: %s", seq_id, error,
+                     extra={"request_id": self._request_ids.get(seq_id, "")})
 
 
 @dataclass
@@ -134,6 +195,7 @@ class RunningWorker:
     ranks: RankGroup
     ranks_started: asyncio.Task
     supervision: asyncio.Task
+    servicer: WorkerServicer
 
     @property
     def port(self) -> int:
@@ -158,28 +220,30 @@ async def start_worker_server(config: WorkerConfig,
                               runtime_factory: Optional[RuntimeFactory] = None) -> RunningWorker:
     """Binds the server (port 0 picks a free one) and starts the ranks in the background."""
     factory = runtime_factory or ModelRuntimeFactory()
-    if config.topology.world_size != 1:
-        raise ValueError(f"this worker drives one rank; --dp {config.topology.dp} --tp "
-                         f"{config.topology.tp} needs the tensor-parallel runtime (not built yet)")
     facts = await asyncio.to_thread(factory.describe, config)
-    ranks = RankGroup(rank_specs(config, facts), factory)
+    ranks = RankGroup(rank_specs(config, facts), factory, store_address(config),
+                      forms_world_alone=config.drives_whole_world)
     ranks_started = asyncio.create_task(ranks.start(), name="worker-ranks-start")
     servicer = WorkerServicer(describe_response(config, facts), ranks, ranks_started)
     try:
         running = await start_server(
             config.host, config.port, [SERVICE_NAME],
-            lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server))
+            lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server),
+            tls=config.ops.tls, reflection_on=config.ops.grpc_reflection)
     except BaseException:
         await ranks.stop()
         raise
-    supervision = asyncio.create_task(_supervise(ranks, ranks_started, running),
+    supervision = asyncio.create_task(_supervise(ranks, ranks_started, running, servicer.joined),
                                       name="worker-ranks-supervision")
-    return RunningWorker(running, ranks, ranks_started, supervision)
+    return RunningWorker(running, ranks, ranks_started, supervision, servicer)
 
 
-async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer) -> None:
-    """SERVING once the ranks are up; NOT_SERVING when one of them exits. Ranks that cannot start
-    stop the server, so `serve` returns and the process exits instead of idling NOT_SERVING."""
+async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: RunningServer,
+                     joined: asyncio.Event) -> None:
+    """SERVING once the ranks are up. When a rank exits: NOT_SERVING for good if this worker forms
+    the world alone; otherwise its world round is over, and the next JoinWorld replaces the ranks
+    (then they are watched again). Ranks that cannot start stop the server, so `serve` returns and
+    the process exits instead of idling NOT_SERVING."""
     try:
         await asyncio.shield(ranks_started)
     except RankGroupError as error:
@@ -187,9 +251,14 @@ async def _supervise(ranks: RankGroup, ranks_started: asyncio.Task, running: Run
         await running.server.stop(0)
         return
     await running.mark_serving()
-    reason = await ranks.wait_for_exit()
-    _LOG.error("worker rank exited: %s", reason)
-    await running.mark_not_serving()
+    while True:
+        joined.clear()
+        reason = await ranks.wait_for_exit()
+        _LOG.error("worker rank exited: %s", reason)
+        if ranks.forms_world_alone:
+            await running.mark_not_serving()
+            return
+        await joined.wait()
 
 
 async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None) -> None:
@@ -203,7 +272,7 @@ async def serve(config: WorkerConfig, *, started: Optional[asyncio.Event] = None
     if started is not None:
         started.set()
     try:
-        await serve_until_signal(running.grpc)
+        await serve_until_signal(running.grpc, config.ops.shutdown_grace_s, running.servicer.drain)
         # Ranks that failed to start stopped the server; a signal during start-up is no failure.
         start_error = running.ranks_started.exception() if running.ranks_started.done() else None
     finally:

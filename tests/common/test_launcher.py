@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 
-from services import launcher
+from services import launcher, supervisor
 from services.common import cli_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,9 +50,9 @@ STAND_IN = textwrap.dedent("""
 """)
 
 
-def stand_in(workdir: Path, name: str, behaviour: str = "serve", requires: str = "-") -> launcher.ChildSpec:
+def stand_in(workdir: Path, name: str, behaviour: str = "serve", requires: str = "-") -> supervisor.ChildSpec:
     ready = workdir / f"{name}.ready"
-    return launcher.ChildSpec(name, [sys.executable, "-c", STAND_IN, str(workdir), name, behaviour, requires],
+    return supervisor.ChildSpec(name, [sys.executable, "-c", STAND_IN, str(workdir), name, behaviour, requires],
                               ready.exists, f"{ready} exists")
 
 
@@ -77,9 +77,9 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return condition()
 
 
-def supervise(specs: list[launcher.ChildSpec], tmp_path: Path, on_ready: Callable[[], None],
+def supervise(specs: list[supervisor.ChildSpec], tmp_path: Path, on_ready: Callable[[], None],
               stop: threading.Event, startup_timeout_s: float = 30.0, grace_s: float = 5.0) -> int:
-    return launcher.supervise(specs, startup_timeout_s, tmp_path / "logs", stop, on_ready, grace_s=grace_s)
+    return supervisor.supervise(specs, startup_timeout_s, tmp_path / "logs", stop, on_ready, grace_s=grace_s)
 
 
 def test_starts_in_order_and_stops_every_child_on_request(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_processes_a_child_spawned_do_not_outlive_it(tmp_path: Path) -> None:
 
 def test_children_output_goes_to_per_service_logs(tmp_path: Path) -> None:
     stop = threading.Event()
-    spec = launcher.ChildSpec("worker", [sys.executable, "-c", "print('hello from the worker')"],
+    spec = supervisor.ChildSpec("worker", [sys.executable, "-c", "print('hello from the worker')"],
                               lambda: False, "never")
 
     assert supervise([spec], tmp_path, stop.set, stop) == 1
@@ -153,12 +153,12 @@ def test_children_output_goes_to_per_service_logs(tmp_path: Path) -> None:
 SIGNALLED_LAUNCHER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from services import launcher
+    from services import supervisor
     sys.path.insert(0, sys.argv[2])
     from test_launcher import stand_in
     workdir = Path(sys.argv[1])
     specs = [stand_in(workdir, "worker"), stand_in(workdir, "frontend", requires="worker")]
-    sys.exit(launcher.run_supervised(specs, 30.0, workdir / "logs", lambda: print("ready", flush=True)))
+    sys.exit(supervisor.run_supervised(specs, 30.0, workdir / "logs", lambda: print("ready", flush=True)))
 """)
 
 
@@ -200,12 +200,14 @@ def test_ready_announcement_prints_a_curl_and_writes_the_ready_file(tmp_path: Pa
     printed = tmp_path / "out.txt"
     with printed.open("w") as out:
         launcher.announce_ready(stack, out)
+    launcher.write_ready_file(stack, {"worker": 11, "scheduler": 12, "frontend": 13})
 
     text = printed.read_text()
     assert "http://127.0.0.1:8123" in text and "curl http://127.0.0.1:8123/v1/chat/completions" in text
     assert json.loads(ready_file.read_text()) == {
         "base_url": "http://127.0.0.1:8123", "scheduler_address": "127.0.0.1:50051",
-        "worker_address": "127.0.0.1:50061", "served_model_name": "tiny-a"}
+        "worker_address": "127.0.0.1:50061", "served_model_name": "tiny-a",
+        "pids": {"worker": 11, "scheduler": 12, "frontend": 13}}
 
 
 def test_children_run_the_services_through_the_cli_with_their_own_flags() -> None:
@@ -252,3 +254,45 @@ def test_a_service_stops_when_its_launcher_is_killed(tmp_path: Path) -> None:
         if doomed.poll() is None:
             doomed.kill()
             doomed.wait()
+
+
+FAST_RESTARTS = supervisor.RestartPolicy(max_restarts=2, window_s=60.0, first_backoff_s=0.05,
+                                         max_backoff_s=0.1)
+
+
+def test_restart_on_failure_restarts_a_killed_child_and_keeps_the_others(tmp_path: Path) -> None:
+    specs = [stand_in(tmp_path, "worker"), stand_in(tmp_path, "frontend", requires="worker")]
+    stop = threading.Event()
+    seen_pids: list[dict[str, int]] = []
+
+    def on_children(pids: dict[str, int]) -> None:
+        seen_pids.append(pids)
+        if len(seen_pids) == 1:
+            os.kill(pids["worker"], signal.SIGKILL)
+        else:
+            stop.set()
+
+    status = supervisor.supervise(specs, 30.0, tmp_path / "logs", stop, lambda: None, grace_s=5.0,
+                                  restart=FAST_RESTARTS, on_children=on_children)
+    assert status == 0
+    first, second = seen_pids
+    assert second["worker"] != first["worker"] and second["frontend"] == first["frontend"]
+    assert not is_alive(second["worker"]) and not is_alive(second["frontend"])
+
+
+def test_restart_on_failure_gives_up_after_the_cap_and_logs_why(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    restarted: list[dict[str, int]] = []
+    with caplog.at_level(logging.INFO):
+        status = supervisor.supervise([stand_in(tmp_path, "worker", "exit")], 30.0, tmp_path / "logs",
+                                      threading.Event(), lambda: None, grace_s=5.0,
+                                      restart=FAST_RESTARTS, on_children=restarted.append)
+    assert status == 1
+    assert len(restarted) == 1 + FAST_RESTARTS.max_restarts
+    assert "worker exited with status 3; restarting it" in caplog.text
+    assert "restarted 2 times within 60s already" in caplog.text
+
+
+def test_restart_backoff_doubles_up_to_its_maximum() -> None:
+    policy = supervisor.RestartPolicy(first_backoff_s=1.0, max_backoff_s=30.0)
+    assert [policy.backoff_s(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]

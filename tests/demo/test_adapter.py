@@ -22,7 +22,7 @@ BLOCKS = 32
 
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
-    return ModelRuntime(RuntimeConfig(tiny_model_dir, torch.float32, "cpu", 32, BLOCKS, BLOCKS))
+    return ModelRuntime(RuntimeConfig(tiny_model_dir, torch.float32, "cpu", 32, BLOCKS))
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,8 @@ def test_scene_hidden_and_mtp_equal_the_serving_runtime(runtime: ModelRuntime, s
     shared = shared_length(len(prefix))
     assert out.start_pos == shared
     for k, sequence in enumerate(sequences):
-        table = list(range(BLOCKS))
-        served = runtime.step([SequenceChunk(100 + k, 0, sequence, table, table, sample=False)],
+        tables = runtime.cache.same_table_for_every_group(list(range(BLOCKS)))
+        served = runtime.step([SequenceChunk(100 + k, 0, sequence, tables, sample=False)],
                               return_hidden=True).hidden[0]
         torch.testing.assert_close(out.hidden[k], served[shared:], rtol=1e-5, atol=1e-5)
         served_mtp = mtp_logits(runtime.model, served, sequence[1:] + [1])

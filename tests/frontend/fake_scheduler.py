@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import grpc
 import uvicorn
@@ -189,11 +189,14 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
                                      workers=[worker])
 
     async def GetSchedulerState(self, request, context) -> pb.GetSchedulerStateResponse:
-        usage = pb.BlockGroupUsage(group="compressed", total_blocks=100, free_blocks=75, used_blocks=25)
+        usage = pb.BlockGroupUsage(group="compressed", total_blocks=100, free_blocks=75, used_blocks=25,
+                                   cached_blocks=40)
         return pb.GetSchedulerStateResponse(
             num_waiting=2, num_running=3, num_live_matchers=1,
-            partitions=[pb.PartitionUsage(partition_id=0, groups=[usage], running_requests=3)],
-            preemptions_total=4, steps_total=10)
+            partitions=[pb.PartitionUsage(partition_id=0, groups=[usage], running_requests=3,
+                                          prefix_cache_queries=900, prefix_cache_hits=600)],
+            preemptions_total=4, steps_total=10, prefix_cache_queries_total=900,
+            prefix_cache_hits_total=600, constrained_preemptions_total=1)
 
 
 class GatewayServer:
@@ -229,7 +232,8 @@ class GatewayServer:
 class GatewayHarness:
     """Model dir + fake scheduler + the gateway app served by uvicorn: one per test module."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, **config: Any) -> None:
+        """`config`: FrontendConfig fields other than the model and scheduler (bounds, api_key…)."""
         from services.common.config import FrontendConfig
         from services.frontend.app import create_app
 
@@ -238,7 +242,7 @@ class GatewayHarness:
         self.fake = FakeScheduler(self.tokenizer)
         self.fake.start()
         self.config = FrontendConfig(model_dir=self.model_dir, served_model_name=SERVED_MODEL,
-                                     scheduler_address=self.fake.address)
+                                     scheduler_address=self.fake.address, **config)
         self.server = GatewayServer(create_app(self.config, tokenizer=self.tokenizer))
         self.server.start()
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from tests.frontend.fake_scheduler import MAX_MODEL_LEN, SERVED_MODEL, GatewayHarness, Script
@@ -245,11 +247,27 @@ def test_health_is_200_only_when_the_scheduler_reports_ready(http, fake):
 
 def test_metrics_report_scheduler_gauges_and_latency_histograms(client, fake, http):
     client.chat.completions.create(model=SERVED_MODEL, messages=USER_TURN)
-    text = http.get("/metrics").text
-    assert f'vllm:num_requests_running{{model_name="{SERVED_MODEL}"}} 3' in text
-    assert f'vllm:num_requests_waiting{{model_name="{SERVED_MODEL}"}} 2' in text
-    assert f'vllm:kv_cache_usage_perc{{model_name="{SERVED_MODEL}"}} 0.25' in text
-    ttft_count = next(line for line in text.splitlines()
-                      if line.startswith("vllm:time_to_first_token_seconds_count"))
-    assert int(ttft_count.rsplit(" ", 1)[1]) >= 1
-    assert "vllm:generation_tokens_total" in text and "vllm:e2e_request_latency_seconds_bucket" in text
+    samples = {(s.name, s.labels.get("le")): s for family in
+               text_string_to_metric_families(http.get("/metrics").text) for s in family.samples}
+    model = {"model_name": SERVED_MODEL}
+    assert samples[("vllm:num_requests_running", None)] == Sample("vllm:num_requests_running", model, 3)
+    assert samples[("vllm:num_requests_waiting", None)].value == 2
+    assert samples[("vllm:kv_cache_usage_perc", None)].value == 0.25
+    assert samples[("vllm:time_to_first_token_seconds_count", None)].value >= 1
+    assert samples[("vllm:generation_tokens_total", None)].value > 0
+    assert ("vllm:e2e_request_latency_seconds_bucket", "+Inf") in samples
+    assert samples[("vllm:prefix_cache_queries_total", None)].value == 900
+    assert samples[("vllm:prefix_cache_hits_total", None)].value == 600
+    assert samples[("dsv4serve:constrained_preemptions_total", None)].value == 1
+    assert samples[("dsv4serve:partition_prefix_cache_blocks", None)].value == 40
+    assert samples[("dsv4serve:partition_prefix_cache_hits_total", None)].value == 600
+
+def test_a_plain_x_request_id_is_echoed_and_anything_else_replaced(http, fake):
+    fake.enqueue(Script(text="Hi."), Script(text="Hi."))
+    body = {"model": SERVED_MODEL, "messages": USER_TURN}
+    kept = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "lb-1234:abc"})
+    assert kept.headers["X-Request-Id"] == "lb-1234:abc"
+    forged = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "a b\\n[ERROR] x"})
+    assert forged.status_code == 200
+    assert forged.headers["X-Request-Id"] not in ("a b\\n[ERROR] x", "") and " " not in forged.headers["X-Request-Id"]
+    assert http.get("/v1/models").headers["X-Request-Id"]

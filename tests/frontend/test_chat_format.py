@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from services.frontend import dsv4_tokens as tok
-from services.frontend.chat_format import (
-    REASONING_EFFORT_MAX, is_deepseek_v4, render_chat_request)
+from services.frontend.chat_encoder import REASONING_EFFORT_MAX
+from services.frontend.chat_format import is_deepseek_v4, render_chat_request
 from services.frontend.errors import RequestError
 from services.frontend.tokenizer import Dsv4Tokenizer, bundled_tokenizer_dir
 

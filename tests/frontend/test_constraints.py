@@ -126,7 +126,8 @@ class TestParameterFlags:
 
 
 class TestResponseFormat:
-    SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}   # closed, so it is handed over verbatim
 
     def test_json_schema_in_chat_mode_is_a_json_schema_constraint(self):
         body = {"response_format": {"type": "json_schema", "json_schema": {

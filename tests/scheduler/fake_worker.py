@@ -3,9 +3,12 @@ deterministic function of each sequence's tokens, so scheduler tests can compare
 
 Checks (each failure is recorded in `violations` and answered as a row error): a NewSequence is new
 and in a partition this worker holds; rows start where the sequence's cache ends (positions
-contiguous); a row's tokens are all known; both block tables cover the row; no compressed block is
-in two live sequences' tables; no window block still inside a live sequence's window is handed to
-another sequence; rows sample exactly when they reach the sequence's last token; masks are obeyed.
+contiguous; a prefix-cache hit starts at its cached length); a row's tokens are all known; every
+group's table covers the row; no block a row writes is still live in another sequence's table (a
+shared prefix block is read-only); every block a row reads holds exactly this sequence's tokens —
+the fake cache remembers, per physical block, a hash of the token prefix written into it, so a
+prefix hit on the wrong content, or a block overwritten while shared, shows; rows sample exactly
+when they reach the sequence's last token; masks are obeyed.
 """
 from __future__ import annotations
 
@@ -33,12 +36,16 @@ def next_token(tokens: list[int]) -> int:
 
 @dataclass
 class FakeWorkerSpec:
+    # One rank per partition (tp 1): the worker drives ranks == its partitions of a dp-rank world.
     partition_ids: tuple[int, ...] = (0,)
+    dp: Optional[int] = None  # None: len(partition_ids), the worker drives the whole world
     block_size: int = 4
     num_blocks: int = 256
     num_window_blocks: int = 64
     sliding_window: int = 8
     max_num_batched_tokens: int = 8192
+    # A second windowed group, like the real worker's compressor rows (0: none).
+    state_window: int = 12
     abi_version: int = ABI_VERSION
     fingerprint: str = FINGERPRINT
     serving: bool = True  # its grpc.health.v1 status
@@ -51,8 +58,15 @@ class _Sequence:
     partition_id: int
     tokens: list[int]
     num_cached: int = 0
-    blocks: list[int] = field(default_factory=list)
-    window_blocks: list[int] = field(default_factory=list)
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    prefix_hashes: list[int] = field(default_factory=lambda: [0])
+
+    def prefix_hash(self, length: int) -> int:
+        """A hash naming tokens[:length]."""
+        while len(self.prefix_hashes) <= length:
+            n = len(self.prefix_hashes)
+            self.prefix_hashes.append(hash((self.prefix_hashes[-1], self.tokens[n - 1])))
+        return self.prefix_hashes[length]
 
 
 class FakeWorker(worker_pb2_grpc.WorkerServicer):
@@ -62,35 +76,64 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.step_requests: list[worker_pb2.StepRequest] = []
         self.hang = asyncio.Event()  # set: stop answering steps (a hung worker)
         self.live: dict[int, _Sequence] = {}
+        self.ended: set[int] = set()  # sequences of this worker already finished
+        self.dp = spec.dp or len(spec.partition_ids)
+        # A worker driving part of the world waits for JoinWorld, as the real one does.
+        self.world_round = 1 if self.dp == len(spec.partition_ids) else 0
+        self.joined_rounds: list[int] = []
+        # (partition, group, block) → prefix hash of the tokens whose rows the block holds
+        self.contents: dict[tuple[int, str, int], int] = {}
+
+    @property
+    def windows(self) -> dict[str, int]:
+        """Block groups and their sliding windows."""
+        groups = {"window": self.spec.sliding_window, "compressed": 0}
+        if self.spec.state_window:
+            groups["state"] = self.spec.state_window
+        return groups
 
     async def Describe(self, request, context):
         s = self.spec
         return worker_pb2.DescribeResponse(
             abi_version=s.abi_version, build_id="fake-build", model_fingerprint=s.fingerprint,
-            topology=worker_pb2.Topology(world_size=1, dp=1, tp=1, ep=1, backend="cpu"),
+            topology=worker_pb2.Topology(world_size=self.dp, dp=self.dp, tp=1, ep=1,
+                                         host_ranks=list(s.partition_ids), backend="cpu"),
+            world_round=self.world_round,
             block_size=s.block_size, vocab_size=VOCAB_SIZE, eos_token_id=EOS_TOKEN_ID,
             partition_ids=list(s.partition_ids),
-            block_groups=[worker_pb2.BlockGroup(name="window", num_blocks=s.num_window_blocks,
-                                                sliding_window=s.sliding_window),
-                          worker_pb2.BlockGroup(name="compressed", num_blocks=s.num_blocks)],
+            block_groups=[worker_pb2.BlockGroup(
+                name=name, sliding_window=window,
+                num_blocks=s.num_blocks if name == "compressed" else s.num_window_blocks)
+                for name, window in self.windows.items()],
             max_num_batched_tokens=s.max_num_batched_tokens, compute_dtype="float32")
+
+    async def JoinWorld(self, request, context):
+        self.world_round = request.round
+        self.joined_rounds.append(request.round)
+        return worker_pb2.JoinWorldResponse(round=request.round)
 
     async def Step(self, request_iterator, context):
         self.live.clear()  # every new stream starts with no sequences
+        self.ended.clear()
         async for request in request_iterator:
             if self.hang.is_set():
                 await asyncio.Event().wait()
             self.step_requests.append(request)
-            yield self._run(request)
+            yield self.run_step(request)
 
-    def _run(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
+    def run_step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
         for seq_id in request.finished_seq_ids:
-            if self.live.pop(seq_id, None) is None:
-                self._violate(f"step {request.step_id}: finished unknown seq {seq_id}")
+            # Finished ids go to every worker: an id never seen here is another worker's.
+            if seq_id in self.ended:
+                self._violate(f"step {request.step_id}: seq {seq_id} finished twice")
+            if self.live.pop(seq_id, None) is not None:
+                self.ended.add(seq_id)
         for new in request.new_sequences:
             if new.seq_id in self.live or new.partition_id not in self.spec.partition_ids:
                 self._violate(f"step {request.step_id}: bad NewSequence {new.seq_id}")
-            self.live[new.seq_id] = _Sequence(new.partition_id, list(new.prompt_token_ids))
+            self.live[new.seq_id] = _Sequence(new.partition_id, list(new.prompt_token_ids),
+                                              new.num_cached_tokens,
+                                              {name: [] for name in self.windows})
         results = []
         for row in request.rows:
             error = self._check_and_advance(row)
@@ -114,32 +157,57 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             return f"row covers [.., {end}) but {len(seq.tokens)} tokens are known"
         if row.sample != (end == len(seq.tokens)):
             return f"sample={row.sample} at {end} of {len(seq.tokens)} tokens"
-        ownership = self._check_new_blocks(row, seq)
-        if ownership:
-            return ownership
-        seq.blocks.extend(row.new_block_ids)
-        seq.window_blocks.extend(row.new_window_block_ids)
+        for blocks in row.new_blocks:
+            table = seq.tables[blocks.group]
+            if blocks.first_logical_block < len(table):
+                return f"{blocks.group} blocks overwrite logical block {blocks.first_logical_block}"
+            table.extend([-1] * (blocks.first_logical_block - len(table)) + list(blocks.block_ids))
         bs = self.spec.block_size
-        if len(seq.blocks) * bs < end or len(seq.window_blocks) * bs < end:
-            return f"block tables ({len(seq.blocks)}, {len(seq.window_blocks)}) do not cover {end}"
+        if any(len(table) * bs < end for table in seq.tables.values()):
+            return f"block tables {[len(t) for t in seq.tables.values()]} do not cover {end}"
+        problem = self._check_reads(seq, row.num_computed_tokens) or self._check_writes(
+            row.seq_id, seq, row.num_computed_tokens, end)
+        if problem:
+            return problem
+        self._write(seq, row.num_computed_tokens, end)
         seq.num_cached = end
         return ""
 
-    def _check_new_blocks(self, row: worker_pb2.ScheduledRow, seq: _Sequence) -> str:
-        for other_id, other in self.live.items():
-            if other is seq or other.partition_id != seq.partition_id:
-                continue
-            shared = set(row.new_block_ids) & set(other.blocks)
-            if shared:
-                return f"compressed blocks {sorted(shared)} belong to live seq {other_id}"
-            in_window = set(other.window_blocks[self._first_live_window_block(other):])
-            shared = set(row.new_window_block_ids) & in_window
-            if shared:
-                return f"window blocks {sorted(shared)} are in seq {other_id}'s window"
+    def _first_read_block(self, group: str, position: int) -> int:
+        window = self.windows[group]
+        return 0 if window == 0 else max(0, position - window + 1) // self.spec.block_size
+
+    def _check_reads(self, seq: _Sequence, start: int) -> str:
+        """Every block a row from `start` reads holds this sequence's tokens."""
+        bs = self.spec.block_size
+        for group, table in seq.tables.items():
+            for logical in range(self._first_read_block(group, start), -(-start // bs)):
+                block = table[logical]
+                held = self.contents.get((seq.partition_id, group, block))
+                if block < 0 or held != seq.prefix_hash(min((logical + 1) * bs, start)):
+                    return f"{group} block {block} (logical {logical}) holds other tokens"
         return ""
 
-    def _first_live_window_block(self, seq: _Sequence) -> int:
-        return max(0, (seq.num_cached - self.spec.sliding_window + 1) // self.spec.block_size)
+    def _check_writes(self, seq_id: int, seq: _Sequence, start: int, end: int) -> str:
+        """No block the row writes is live in another sequence's table."""
+        bs = self.spec.block_size
+        for group, table in seq.tables.items():
+            written = {table[i] for i in range(start // bs, -(-end // bs))}
+            for other_id, other in self.live.items():
+                if other is seq or other.partition_id != seq.partition_id:
+                    continue
+                live = other.tables[group][self._first_read_block(group, other.num_cached):]
+                shared = written & set(live)
+                if shared:
+                    return f"{group} blocks {sorted(shared)} are live in seq {other_id}"
+        return ""
+
+    def _write(self, seq: _Sequence, start: int, end: int) -> None:
+        bs = self.spec.block_size
+        for group, table in seq.tables.items():
+            for logical in range(start // bs, -(-end // bs)):
+                key = (seq.partition_id, group, table[logical])
+                self.contents[key] = seq.prefix_hash(min((logical + 1) * bs, end))
 
     def _sample(self, tokens: list[int], mask: worker_pb2.TokenMask) -> int:
         if self.spec.eos_after_token is not None and tokens[-1] == self.spec.eos_after_token:

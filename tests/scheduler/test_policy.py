@@ -54,7 +54,7 @@ class TestStepBudget:
         run_step(scheduler)
         decode = run_step(scheduler).rows[0]
         assert (decode.num_computed_tokens, decode.num_new_tokens) == (3, 1)
-        assert decode.append_token_ids == recorder.streamed[:1] and decode.sample
+        assert list(decode.append_token_ids) == recorder.streamed[:1] and decode.sample
 
 
 class TestStops:
@@ -116,6 +116,22 @@ class TestBlocks:
             scheduler.add(make_request(name, [5, 6, 7], max_tokens=4)[0])
         run_step(scheduler)
         assert sorted(r.partition_id for r in scheduler.running) == [0, 0, 1, 1]
+
+    def test_a_new_request_goes_to_the_partition_with_fewest_requests_then_most_free_blocks(self):
+        scheduler = make_scheduler(partitions=(0, 1, 2))
+        scheduler.kv.allocate(999, 1, 40)  # partition 1 has fewer free blocks than 0 and 2
+        requests = [make_request(name, [5, 6, 7], max_tokens=4)[0] for name in "abcd"]
+        for request in requests:
+            scheduler.add(request)
+        assert [r.partition_id for r in requests] == [0, 2, 1, 0]
+
+    def test_limits_apply_to_each_partition(self):
+        scheduler = make_scheduler(partitions=(0, 1), max_num_seqs=1, max_num_batched_tokens=3)
+        for name in "abc":
+            scheduler.add(make_request(name, [5, 6, 7], max_tokens=4)[0])
+        plan = run_step(scheduler)
+        assert sorted(row.partition_id for row in plan.rows) == [0, 1]
+        assert plan.num_tokens == 6 and len(scheduler.waiting) == 1
 
     def test_everything_is_freed_when_requests_finish(self):
         scheduler = make_scheduler()
@@ -189,11 +205,11 @@ class TestGrammar:
             matcher=grammar.matcher(grammar_compiled("[[5, 6], [7], [8], [9, 10]]")))
         scheduler.add(request)
         first = run_step(scheduler)
-        assert first.rows[0].mask.allowed_token_ids == [5, 6]
+        assert first.rows[0].mask.allowed_token_ids == (5, 6)
         assert recorder.events[0].token_ids[1:] == (7, 8)
         forced_row = run_step(scheduler).rows[0]
-        assert forced_row.num_new_tokens == 3 and forced_row.append_token_ids[1:] == [7, 8]
-        assert forced_row.mask.allowed_token_ids == [9, 10]
+        assert forced_row.num_new_tokens == 3 and forced_row.append_token_ids[1:] == (7, 8)
+        assert forced_row.mask.allowed_token_ids == (9, 10)
         run_until_idle(scheduler)
         assert request.output_token_ids[-1] == EOS_TOKEN_ID
         assert finished(recorder).reason is FinishReason.STOP

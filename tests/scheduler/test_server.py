@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.build_info import ABI_VERSION
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc as pb_grpc
-from services.scheduler.worker_client import WorkerTimeouts
+from services.scheduler.worker_connection import WorkerTimeouts
 from tests.scheduler.fake_worker import EOS_TOKEN_ID, FakeWorkerSpec, start_fake_worker
 from tests.scheduler.grpc_harness import make_request, read_rest, running_stack, wait_for
 from tests.scheduler.policy_helpers import reference_output
@@ -82,7 +82,7 @@ def test_two_workers_each_get_only_their_partitions_rows():
     prompts = [[i + 2, i + 3, i + 4] for i in range(8)]
 
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)), FakeWorkerSpec(partition_ids=(1,)))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2), FakeWorkerSpec(partition_ids=(1,), dp=2))
         async with running_stack(specs) as stack:
             outputs = await asyncio.gather(*(stack.generate(f"r{i}", p, 10)
                                              for i, p in enumerate(prompts)))
@@ -224,8 +224,8 @@ def test_worker_that_is_not_serving_yet_keeps_the_scheduler_not_ready():
 
 def test_fingerprint_mismatch_with_the_first_worker_is_refused():
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)),
-                 FakeWorkerSpec(partition_ids=(1,), fingerprint="sha256:other-model"))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2),
+                 FakeWorkerSpec(partition_ids=(1,), dp=2, fingerprint="sha256:other-model"))
         async with running_stack(specs, wait_ready=False) as stack:
             ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
                                    lambda r: "fingerprint" in r.reason)
@@ -235,8 +235,8 @@ def test_fingerprint_mismatch_with_the_first_worker_is_refused():
 
 def test_workers_with_different_block_capacity_are_refused():
     async def scenario():
-        specs = (FakeWorkerSpec(partition_ids=(0,)),
-                 FakeWorkerSpec(partition_ids=(1,), num_blocks=99))
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2),
+                 FakeWorkerSpec(partition_ids=(1,), dp=2, num_blocks=99))
         async with running_stack(specs, wait_ready=False) as stack:
             ready = await wait_for(lambda: stack.stub.CheckReady(pb.CheckReadyRequest()),
                                    lambda r: "block groups" in r.reason)
@@ -374,4 +374,24 @@ def test_health_and_reflection_list_the_services():
             await call.done_writing()
             names = {s.name for s in answer.list_services_response.service}
             assert {"dsv4serve.v1.Scheduler", "grpc.health.v1.Health"} <= names
+    asyncio.run(scenario())
+
+
+def test_state_rpc_shows_prefix_cache_hits_and_cached_blocks_per_partition():
+    system = [(11 * j) % 500 + 2 for j in range(24)]
+
+    async def scenario():
+        async with running_stack() as stack:
+            first = await stack.generate("first", system + [3, 4], 4)
+            second = await stack.generate("second", system + [5, 6, 7], 4)
+            assert tokens_of(first) == reference_output(system + [3, 4], 4)
+            assert tokens_of(second) == reference_output(system + [5, 6, 7], 4)
+            state = await stack.wait_idle()
+            assert state.prefix_caching_enabled
+            partition = state.partitions[0]
+            assert (partition.prefix_cache_queries, partition.prefix_cache_hits) == (26 + 27, 24)
+            assert partition.prefix_cache_hit_rate == pytest.approx(24 / 53)
+            assert (state.prefix_cache_queries_total, state.prefix_cache_hits_total) == (53, 24)
+            assert all(g.cached_blocks > 0 and g.used_blocks == 0 for g in partition.groups)
+            assert not stack.workers[0].worker.violations
     asyncio.run(scenario())

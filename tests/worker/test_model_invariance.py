@@ -3,7 +3,7 @@
 - Chunking: one prefill chunk, chunks of 32, chunks of 7 → the same greedy tokens, logits ≤ 1e-4.
 - Batching: a request alone and the same request inside a batch of 8 mixed requests (different
   lengths, some prefilling while others decode) → identical greedy tokens.
-- A freed sequence id starts from clean compressor state.
+- Blocks that held other rows (a finished or restarted sequence) leak nothing into a new one.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
+from tests.worker.chunked_runs import prefill_and_decode
 
 BLOCK_SIZE = 16
 BLOCKS_PER_SEQ = 12         # 192 positions
@@ -23,13 +24,13 @@ NUM_SEQS = 9
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
     blocks = BLOCKS_PER_SEQ * NUM_SEQS
     return ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32, device="cpu",
-                                      block_size=BLOCK_SIZE, num_blocks=blocks,
-                                      num_window_blocks=blocks))
+                                      block_size=BLOCK_SIZE, num_blocks=blocks))
 
 
-def table_for(slot: int) -> list[int]:
-    """A private, non-contiguous run of physical blocks for sequence slot `slot`."""
-    return [b * NUM_SEQS + slot for b in range(BLOCKS_PER_SEQ)]
+def tables_for(runtime: ModelRuntime, slot: int) -> dict[str, list[int]]:
+    """A private, non-contiguous run of physical blocks for sequence slot `slot`, every group."""
+    return runtime.cache.same_table_for_every_group(
+        [b * NUM_SEQS + slot for b in range(BLOCKS_PER_SEQ)])
 
 
 def prompt_of(length: int, seed: int) -> list[int]:
@@ -40,25 +41,8 @@ def prompt_of(length: int, seed: int) -> list[int]:
 def generate(runtime: ModelRuntime, seq_id: int, slot: int, prompt: list[int], chunk: int,
              new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
     """Chunked prefill then single-token decodes → (greedy tokens, logits of every sampled step)."""
-    table = table_for(slot)
-    tokens: list[int] = []
-    logits: list[torch.Tensor] = []
-    for start in range(0, len(prompt), chunk):
-        piece = prompt[start:start + chunk]
-        last = start + len(piece) == len(prompt)
-        out = runtime.step([SequenceChunk(seq_id, start, piece, table, table, sample=last)],
-                           return_logits=last)
-        if last:
-            tokens.append(out.sampled[0])
-            logits.append(out.logits[0])
-    while len(tokens) < new_tokens:
-        pos = len(prompt) + len(tokens) - 1
-        out = runtime.step([SequenceChunk(seq_id, pos, [tokens[-1]], table, table, sample=True)],
-                           return_logits=True)
-        tokens.append(out.sampled[0])
-        logits.append(out.logits[0])
-    runtime.free_sequence(seq_id)
-    return tokens, logits
+    return prefill_and_decode(runtime, seq_id, prompt, tables_for(runtime, slot), chunk,
+                              new_tokens)
 
 
 def test_chunked_prefill_matches_one_chunk(runtime: ModelRuntime) -> None:
@@ -89,14 +73,14 @@ def test_request_alone_matches_request_inside_a_mixed_batch(runtime: ModelRuntim
         for i, prompt in enumerate(prompts):
             if i > step_no or len(done_tokens[i]) >= new_tokens:
                 continue
-            table = table_for(i)
+            tables = tables_for(runtime, i)
             if computed[i] < len(prompt):
                 piece = prompt[computed[i]:computed[i] + 24]
                 last = computed[i] + len(piece) == len(prompt)
-                rows.append(SequenceChunk(20 + i, computed[i], piece, table, table, sample=last))
+                rows.append(SequenceChunk(20 + i, computed[i], piece, tables, sample=last))
             else:
                 pos = len(prompt) + len(done_tokens[i]) - 1
-                rows.append(SequenceChunk(20 + i, pos, [done_tokens[i][-1]], table, table,
+                rows.append(SequenceChunk(20 + i, pos, [done_tokens[i][-1]], tables,
                                           sample=True))
             owners.append(i)
         lens = {len(r.token_ids) for r in rows}
@@ -107,42 +91,27 @@ def test_request_alone_matches_request_inside_a_mixed_batch(runtime: ModelRuntim
             if token is not None:
                 done_tokens[i].append(token)
         step_no += 1
-    for i in range(len(prompts)):
-        runtime.free_sequence(20 + i)
     assert saw_mixed_step, "the batch never mixed prefill chunks with decode rows"
     assert [done_tokens[i] for i in range(len(prompts))] == alone
 
 
-def test_freed_sequence_id_starts_from_clean_state(runtime: ModelRuntime) -> None:
-    short = prompt_of(3, seed=5)     # shorter than one compression block: only fresh state
+def test_blocks_of_an_earlier_sequence_start_from_clean_state(runtime: ModelRuntime) -> None:
+    """Blocks that held another sequence's rows: a new sequence in them reads none of those."""
+    short = prompt_of(3, seed=5)     # shorter than one compression block
     fresh_tokens, fresh_logits = generate(runtime, 40, 0, short, chunk=3, new_tokens=3)
     generate(runtime, 41, 1, prompt_of(50, seed=6), chunk=50, new_tokens=2)
-    reused_tokens, reused_logits = generate(runtime, 41, 1, short, chunk=3, new_tokens=3)
+    reused_tokens, reused_logits = generate(runtime, 42, 1, short, chunk=3, new_tokens=3)
     assert reused_tokens == fresh_tokens
     assert torch.equal(reused_logits[0], fresh_logits[0])
-    assert runtime.live_sequences == 0
 
 
 def test_restart_at_position_zero_drops_the_old_state(runtime: ModelRuntime) -> None:
     """A sequence recomputed from position 0 (preemption) must not see its old compressor rows."""
     short = prompt_of(3, seed=5)
-    table = table_for(2)
-    fresh = runtime.step([SequenceChunk(42, 0, short, table, table, sample=True)],
+    tables = tables_for(runtime, 2)
+    fresh = runtime.step([SequenceChunk(42, 0, short, tables, sample=True)],
                          return_logits=True)
-    runtime.free_sequence(42)
-    runtime.step([SequenceChunk(42, 0, prompt_of(50, seed=6), table, table, sample=False)])
-    restarted = runtime.step([SequenceChunk(42, 0, short, table, table, sample=True)],
+    runtime.step([SequenceChunk(42, 0, prompt_of(50, seed=6), tables, sample=False)])
+    restarted = runtime.step([SequenceChunk(42, 0, short, tables, sample=True)],
                              return_logits=True)
-    runtime.free_sequence(42)
     assert torch.equal(restarted.logits[0], fresh.logits[0])
-
-
-def test_resuming_a_freed_sequence_mid_way_is_rejected(runtime: ModelRuntime) -> None:
-    """Compressor state lives only in the runtime: a freed sequence cannot continue."""
-    table = table_for(0)
-    prompt = prompt_of(10, seed=9)
-    runtime.step([SequenceChunk(50, 0, prompt, table, table, sample=False)])
-    runtime.free_sequence(50)
-    with pytest.raises(ValueError, match="compressor state"):
-        runtime.step([SequenceChunk(50, 10, [5], table, table, sample=True)])
-    assert runtime.live_sequences == 0

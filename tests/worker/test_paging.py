@@ -1,5 +1,6 @@
-"""Paged caches: the physical placement of blocks never changes results, released window blocks
-are never read, and `block_bytes` describes the storage the runtime really allocates."""
+"""Paged caches: the physical placement of blocks never changes results, released blocks of the
+windowed groups are never read, and `block_bytes` describes the storage the runtime really
+allocates."""
 from __future__ import annotations
 
 import math
@@ -15,14 +16,14 @@ from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceC
 BLOCK_SIZE = 16
 NUM_BLOCKS = 40
 PROMPT_LEN = 70
-NEW_TOKENS = 12       # decodes up to position 81: the window slides over several blocks
+NEW_TOKENS = 16       # decodes up to position 85: windows slide over several blocks, and the
+                      # pooling at 83 reads the ratio-4 rows 76..79 of the block before
 
 
 @pytest.fixture(scope="module")
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
     return ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32, device="cpu",
-                                      block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS,
-                                      num_window_blocks=NUM_BLOCKS))
+                                      block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
 
 
 def prompt_of(length: int, seed: int) -> list[int]:
@@ -31,60 +32,64 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 def releasable(next_pos: int, window: int) -> list[int]:
-    """Logical window blocks whose rows no query from next_pos on can see."""
+    """Logical blocks of a group with `window` whose rows no query from next_pos on can see."""
     return [i for i in range(next_pos // BLOCK_SIZE)
             if (i + 1) * BLOCK_SIZE <= next_pos - window + 1]
 
 
-def decode_run(runtime: ModelRuntime, seq_id: int, prompt: list[int], table: list[int],
-               window_table: list[int], after_step=None) -> tuple[list[int], list[torch.Tensor]]:
+def disjoint_tables(runtime: ModelRuntime, blocks: list[int], per_seq: int) -> dict[str, list[int]]:
+    """Each group's table from its own slice of `blocks`."""
+    groups = list(runtime.cache.group_windows)
+    return {group: blocks[k * per_seq:(k + 1) * per_seq] for k, group in enumerate(groups)}
+
+
+def decode_run(runtime: ModelRuntime, seq_id: int, prompt: list[int], tables: dict[str, list[int]],
+               after_step=None) -> tuple[list[int], list[torch.Tensor]]:
     """Prefill + decodes; `after_step(next_pos)` runs between steps (to poison released blocks)."""
-    out = runtime.step([SequenceChunk(seq_id, 0, prompt, table, window_table, sample=True)],
+    out = runtime.step([SequenceChunk(seq_id, 0, prompt, tables, sample=True)],
                        return_logits=True)
     tokens, logits = [out.sampled[0]], [out.logits[0]]
     while len(tokens) < NEW_TOKENS:
         pos = len(prompt) + len(tokens) - 1
         if after_step is not None:
             after_step(pos)
-        out = runtime.step([SequenceChunk(seq_id, pos, [tokens[-1]], table, window_table,
-                                          sample=True)], return_logits=True)
+        out = runtime.step([SequenceChunk(seq_id, pos, [tokens[-1]], tables, sample=True)],
+                           return_logits=True)
         tokens.append(out.sampled[0])
         logits.append(out.logits[0])
-    runtime.free_sequence(seq_id)
     return tokens, logits
 
 
 def test_shuffled_physical_blocks_give_the_same_output_as_contiguous(runtime: ModelRuntime) -> None:
     prompt = prompt_of(PROMPT_LEN, seed=11)
     n = math.ceil((PROMPT_LEN + NEW_TOKENS) / BLOCK_SIZE)
-    contiguous = list(range(n))
-    shuffled = random.Random(3).sample(range(NUM_BLOCKS), n)
-    shuffled_window = random.Random(4).sample(range(NUM_BLOCKS), n)
-    base_tokens, base_logits = decode_run(runtime, 1, prompt, contiguous, contiguous)
-    tokens, logits = decode_run(runtime, 2, prompt, shuffled, shuffled_window)
+    groups = len(runtime.cache.group_windows)
+    contiguous = runtime.cache.same_table_for_every_group(list(range(n)))
+    shuffled = disjoint_tables(runtime, random.Random(3).sample(range(NUM_BLOCKS), n * groups), n)
+    base_tokens, base_logits = decode_run(runtime, 1, prompt, contiguous)
+    tokens, logits = decode_run(runtime, 2, prompt, shuffled)
     assert tokens == base_tokens
     for a, b in zip(logits, base_logits):
         assert torch.equal(a, b)
 
 
-def test_released_window_blocks_are_never_read(runtime: ModelRuntime) -> None:
+def test_released_blocks_of_windowed_groups_are_never_read(runtime: ModelRuntime) -> None:
+    """Raw window rows and compressor rows older than their group's window: poisoned, unread."""
     prompt = prompt_of(PROMPT_LEN, seed=12)
     n = math.ceil((PROMPT_LEN + NEW_TOKENS) / BLOCK_SIZE)
-    table = list(range(n))
-    window_table = list(range(n, 2 * n))
-    base_tokens, base_logits = decode_run(runtime, 1, prompt, table, window_table)
-    window = runtime.config.sliding_window
-    poisoned: set[int] = set()
+    tables = disjoint_tables(runtime, list(range(NUM_BLOCKS)), n)
+    base_tokens, base_logits = decode_run(runtime, 1, prompt, tables)
+    poisoned: set[tuple[str, int]] = set()
 
     def poison_released(next_pos: int) -> None:
-        for logical in releasable(next_pos, window):
-            physical = window_table[logical]
-            for storage in runtime.cache.window.values():
-                storage[physical] = float("nan")
-            poisoned.add(physical)
+        for group, window in runtime.cache.group_windows.items():
+            for logical in releasable(next_pos, window) if window else []:
+                for storage in runtime.cache.storage(group):
+                    storage[tables[group][logical]] = float("nan")
+                poisoned.add((group, logical))
 
-    tokens, logits = decode_run(runtime, 2, prompt, table, window_table, poison_released)
-    assert poisoned, "the run never released a window block"
+    tokens, logits = decode_run(runtime, 2, prompt, tables, poison_released)
+    assert {group for group, _ in poisoned} >= {"window", "csa_state"}, poisoned
     assert tokens == base_tokens
     for a, b in zip(logits, base_logits):
         assert torch.equal(a, b)
@@ -95,43 +100,39 @@ def test_released_window_blocks_can_serve_another_sequence(runtime: ModelRuntime
     window = runtime.config.sliding_window
     prompt_a, prompt_b = prompt_of(PROMPT_LEN, seed=13), prompt_of(30, seed=14)
     n = math.ceil((PROMPT_LEN + NEW_TOKENS) / BLOCK_SIZE)
-    table_a, window_a = list(range(n)), list(range(n, 2 * n))
-    alone_tokens, _ = decode_run(runtime, 1, prompt_a, table_a, window_a)
+    window_a = list(range(n, 2 * n))
+    tables_a = {**runtime.cache.same_table_for_every_group(list(range(n))), "window": window_a}
+    alone_tokens, _ = decode_run(runtime, 1, prompt_a, tables_a)
 
     # A prefills; its released window blocks become B's window blocks; both then decode together.
-    out = runtime.step([SequenceChunk(1, 0, prompt_a, table_a, window_a, sample=True)])
+    out = runtime.step([SequenceChunk(1, 0, prompt_a, tables_a, sample=True)])
     tokens_a = [out.sampled[0]]
     recycled = [window_a[i] for i in releasable(PROMPT_LEN, window)]
     spare = list(range(2 * n, NUM_BLOCKS))
     b_blocks = math.ceil((30 + NEW_TOKENS) / BLOCK_SIZE)
     window_b = (recycled + spare)[:b_blocks]
-    table_b = spare[-b_blocks:]
+    tables_b = {**runtime.cache.same_table_for_every_group(spare[-b_blocks:]), "window": window_b}
     assert set(window_b) & set(window_a), "B must reuse A's released blocks"
-    out = runtime.step([SequenceChunk(2, 0, prompt_b, table_b, window_b, sample=True)])
+    out = runtime.step([SequenceChunk(2, 0, prompt_b, tables_b, sample=True)])
     tokens_b = [out.sampled[0]]
     while len(tokens_a) < NEW_TOKENS:
         pos_a = PROMPT_LEN + len(tokens_a) - 1
         pos_b = 30 + len(tokens_b) - 1
         out = runtime.step([
-            SequenceChunk(1, pos_a, [tokens_a[-1]], table_a, window_a, sample=True),
-            SequenceChunk(2, pos_b, [tokens_b[-1]], table_b, window_b, sample=True)])
+            SequenceChunk(1, pos_a, [tokens_a[-1]], tables_a, sample=True),
+            SequenceChunk(2, pos_b, [tokens_b[-1]], tables_b, sample=True)])
         tokens_a.append(out.sampled[0])
         tokens_b.append(out.sampled[1])
-    runtime.free_sequence(1)
-    runtime.free_sequence(2)
     assert tokens_a == alone_tokens
 
 
 def test_block_bytes_matches_the_allocated_storage(runtime: ModelRuntime) -> None:
     cost = ModelRuntime.block_bytes(runtime.config, BLOCK_SIZE, torch.float32)
-    cache = runtime.cache
-    window_bytes = sum(t.numel() * t.element_size() for t in cache.window.values())
-    compressed_bytes = sum(t.numel() * t.element_size()
-                           for t in [*cache.entries.values(), *cache.index_keys.values()])
-    assert window_bytes == NUM_BLOCKS * cost.window_block_bytes
-    assert compressed_bytes == NUM_BLOCKS * cost.compressed_block_bytes
-    assert cost.compressed_block_bytes == sum(
-        cost.family_block_bytes[f] for f in ("cmp_c4", "cmp_c128", "idx"))
+    assert set(cost.group_block_bytes) == set(runtime.cache.group_windows)
+    for group, per_block in cost.group_block_bytes.items():
+        allocated = sum(t.numel() * t.element_size() for t in runtime.cache.storage(group))
+        assert allocated == NUM_BLOCKS * per_block, group
+    assert cost.group_windows == runtime.cache.group_windows
 
 
 def test_block_bytes_of_the_flash_shape() -> None:
@@ -153,4 +154,9 @@ def test_block_bytes_of_the_flash_shape() -> None:
     assert cost.family_block_bytes["cmp_c4"] == 21 * 8 * 512 * 2      # 21 ratio-4 layers
     assert cost.family_block_bytes["cmp_c128"] == 20 * 1 * 512 * 2    # one row per block
     assert cost.family_block_bytes["idx"] == 21 * 8 * 128 * 2
-    assert cost.per_sequence_state_bytes > 0
+    # Compressor rows: fp32 kv + score per token, 2c wide with overlap.
+    assert cost.family_block_bytes["csa_state"] == 21 * 32 * 2 * 1024 * 4
+    assert cost.family_block_bytes["csa_inner_state"] == 21 * 32 * 2 * 256 * 4
+    assert cost.family_block_bytes["hca_state"] == 20 * 32 * 2 * 512 * 4
+    assert cost.group_windows == {"window": 128, "compressed": 0, "csa_state": 8,
+                                  "hca_state": 128}

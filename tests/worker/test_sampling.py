@@ -76,19 +76,20 @@ def test_mask_that_allows_nothing_is_an_error(logits: torch.Tensor) -> None:
 
 def test_empty_mask_fails_only_its_own_row(tiny_model_dir: Path) -> None:
     runtime = ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32,
-                                         device="cpu", block_size=16, num_blocks=8,
-                                         num_window_blocks=8))
+                                         device="cpu", block_size=16, num_blocks=8))
     vocab = runtime.config.vocab_size
     empty = torch.zeros((vocab + 31) // 32, dtype=torch.int32)
-    free = runtime.step([SequenceChunk(1, 0, [0, 5, 9], [0], [0], sample=True)],
+    def tables(block: int) -> dict[str, list[int]]:
+        return runtime.cache.same_table_for_every_group([block])
+
+    free = runtime.step([SequenceChunk(1, 0, [0, 5, 9], tables(0), sample=True)],
                         return_logits=True)
-    runtime.free_sequence(1)
     target = int(free.logits[0].topk(2).indices[1])    # the runner-up, forced by the mask
     out = runtime.step([
-        SequenceChunk(1, 0, [0, 5, 9], [0], [0], sample=True,
+        SequenceChunk(1, 0, [0, 5, 9], tables(0), sample=True,
                       allowed_token_ids=torch.tensor([target])),
-        SequenceChunk(2, 0, [0, 5, 9], [1], [1], sample=True, token_bitmask=empty),
-        SequenceChunk(3, 0, [0, 5, 9], [2], [2], sample=True)])
+        SequenceChunk(2, 0, [0, 5, 9], tables(1), sample=True, token_bitmask=empty),
+        SequenceChunk(3, 0, [0, 5, 9], tables(2), sample=True)])
     assert out.sampled == [target, None, free.sampled[0]]
     assert out.errors[0] is None and out.errors[2] is None
     assert out.errors[1] is not None

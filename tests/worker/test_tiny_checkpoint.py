@@ -12,9 +12,9 @@ import torch
 from services.worker.model import tiny_checkpoint
 from services.worker.model.checkpoint import (
     CheckpointReader,
-    checkpoint_fingerprint,
     expected_tensors,
 )
+from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import (
     default_model_dir,
@@ -149,3 +149,12 @@ def test_default_model_dir_keeps_the_winners_copy_when_another_process_finishes_
     assert default_model_dir() == winner
     assert json.loads((winner / "config.json").read_text()) == {"written_by": "winner"}
     assert [path.name for path in tmp_path.iterdir()] == ["tiny-a-seed1"]
+
+
+def test_shard_count_changes_no_tensor(tmp_path: Path, tiny_model_dir: Path) -> None:
+    sharded = write_tiny_checkpoint(tmp_path / "sharded", preset="tiny-a", seed=1, num_shards=3)
+    with CheckpointReader(tiny_model_dir) as whole, CheckpointReader(sharded) as parts:
+        assert set(parts.names()) == set(whole.names())
+        for name in whole.names():
+            assert torch.equal(parts.load_raw(name).view(torch.uint8),
+                               whole.load_raw(name).view(torch.uint8)), name

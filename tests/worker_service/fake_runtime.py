@@ -58,7 +58,6 @@ def ranks_agree(chunks: list[SequenceChunk]) -> bool:
 @dataclass
 class FakeRuntime:
     steps: list[list[SequenceChunk]] = field(default_factory=list)
-    freed: list[int] = field(default_factory=list)
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput:
         if any(CRASH_TOKEN_ID in chunk.token_ids for chunk in chunks):
@@ -70,9 +69,6 @@ class FakeRuntime:
         return StepOutput(sampled=sampled, logits=[None] * len(chunks),
                           errors=[error] * len(chunks))
 
-    def free_sequence(self, seq_id: int) -> None:
-        self.freed.append(seq_id)
-
 
 @dataclass(frozen=True)
 class FakeRuntimeFactory:
@@ -82,13 +78,13 @@ class FakeRuntimeFactory:
     def describe(self, config: WorkerConfig) -> ModelFacts:
         groups = (BlockGroupInfo("window", FAKE_NUM_BLOCKS, 4096, 128),
                   BlockGroupInfo("compressed", FAKE_NUM_BLOCKS, 2048, 0))
-        families = (CacheFamilyInfo("ori", "window", config.block_size, 4096, 0),
-                    CacheFamilyInfo("csa_state", "", 0, 0, 512))
+        families = (CacheFamilyInfo("ori", "window", config.block_size, 4096),
+                    CacheFamilyInfo("cmp_c4", "compressed", config.block_size // 4, 2048))
         return ModelFacts(vocab_size=FAKE_VOCAB_SIZE, eos_token_id=FAKE_EOS_TOKEN_ID,
                           model_fingerprint="fake-fingerprint", compute_dtype="float32",
                           block_groups=groups, cache_families=families)
 
-    def build(self, spec: object) -> StepRuntime:
+    def build(self, spec: object, collectives: object) -> StepRuntime:
         if self.build_error:
             raise RuntimeError(self.build_error)
         torch.set_num_threads(1)

@@ -20,23 +20,25 @@ def model(tiny_model_dir) -> ModelConfig:
     return ModelConfig.from_json_file(tiny_model_dir / "config.json")
 
 
-def test_capacity_divides_the_memory_budget_by_the_cost_of_one_block_in_both_groups(tiny_model_dir,
-                                                                                   model):
+def test_capacity_divides_the_memory_budget_by_the_cost_of_one_block_in_every_group(
+        tiny_model_dir, model):
     cost = ModelRuntime.block_bytes(model, 32, torch.float32)
-    per_block = cost.window_block_bytes + cost.compressed_block_bytes
+    per_block = sum(cost.group_block_bytes.values())
     facts = describe_model(WorkerConfig(model_dir=tiny_model_dir,
                                         kv_cache_memory_bytes=100 * per_block + 1))
-    assert facts.num_blocks("window") == facts.num_blocks("compressed") == 100
     groups = {group.name: group for group in facts.block_groups}
-    assert groups["window"].sliding_window == model.sliding_window
-    assert groups["compressed"].sliding_window == 0
-    assert groups["window"].bytes_per_block == cost.window_block_bytes
+    assert {name: group.num_blocks for name, group in groups.items()} == {
+        "window": 100, "compressed": 100, "csa_state": 100, "hca_state": 100}
+    assert {name: group.sliding_window for name, group in groups.items()} == {
+        "window": model.sliding_window, "compressed": 0, "csa_state": 8, "hca_state": 128}
+    assert {name: group.bytes_per_block for name, group in groups.items()} == \
+        cost.group_block_bytes
 
 
 def test_num_blocks_flag_wins_over_the_budget(tiny_model_dir):
     facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, num_blocks=12,
                                         kv_cache_memory_bytes=1))
-    assert facts.num_blocks("window") == facts.num_blocks("compressed") == 12
+    assert {group.num_blocks for group in facts.block_groups} == {12}
 
 
 def test_budget_too_small_for_one_block_is_refused(tiny_model_dir):
@@ -44,14 +46,18 @@ def test_budget_too_small_for_one_block_is_refused(tiny_model_dir):
         describe_model(WorkerConfig(model_dir=tiny_model_dir, kv_cache_memory_bytes=1))
 
 
-def test_reports_seven_families_vocab_eos_and_dtype(tiny_model_dir, model):
+def test_reports_seven_block_backed_families_vocab_eos_and_dtype(tiny_model_dir, model):
     facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, num_blocks=4))
     families = {family.name: family for family in facts.cache_families}
     assert set(families) == FAMILIES
     ratio4_layers = model.compress_ratios[:model.num_hidden_layers].count(4)
     assert families["ori"].rows_per_block == 32 * model.num_hidden_layers
     assert families["cmp_c4"].rows_per_block == 8 * ratio4_layers
-    assert families["csa_state"].group == "" and families["csa_state"].bytes_per_sequence > 0
+    assert families["csa_state"].group == "csa_state"
+    assert families["csa_state"].rows_per_block == 32 * ratio4_layers
+    assert families["hca_state"].group == "hca_state"
+    assert sum(family.bytes_per_block for family in facts.cache_families) == sum(
+        group.bytes_per_block for group in facts.block_groups)
     assert (facts.vocab_size, facts.eos_token_id) == (model.vocab_size, model.eos_token_id)
     assert facts.compute_dtype == "float32"
     cuda = WorkerConfig(model_dir=tiny_model_dir, num_blocks=4,

@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.executor import (NewSequence, PartitionExecutor, PartitionLimits, RowError,
-                                      ScheduledRow, StepPlan, TokenMask, decode_token_mask)
+from services.common.step_descriptors import (GroupBlocks, NewSequence, ScheduledRow, StepPlan,
+                                              TokenMask)
+from services.worker.executor import (PartitionExecutor, PartitionLimits, RowError,
+                                      decode_token_mask)
 from tests.worker_service.fake_runtime import FAKE_VOCAB_SIZE, FakeRuntime, fake_next_token
 
 BLOCK_SIZE = 4
 LIMITS = PartitionLimits(partition_id=0, vocab_size=FAKE_VOCAB_SIZE, block_size=BLOCK_SIZE,
-                         num_blocks=16, num_window_blocks=16)
+                         num_blocks=16, block_groups=("window", "compressed"))
 PROMPT = (11, 12, 13, 14, 15, 16)
 
 
@@ -25,9 +27,14 @@ def executor(runtime: FakeRuntime) -> PartitionExecutor:
     return PartitionExecutor(runtime, LIMITS)
 
 
+def new_blocks(compressed: tuple[int, ...], window: tuple[int, ...], first: int = 0,
+               first_window: int = 0) -> tuple[GroupBlocks, ...]:
+    return (GroupBlocks("compressed", first, compressed), GroupBlocks("window", first_window, window))
+
+
 def prefill_row(seq_id: int, blocks: tuple[int, ...], **overrides) -> ScheduledRow:
     fields = dict(seq_id=seq_id, num_computed_tokens=0, num_new_tokens=len(PROMPT),
-                  new_block_ids=blocks, new_window_block_ids=blocks, sample=True)
+                  new_blocks=new_blocks(blocks, blocks), sample=True)
     fields.update(overrides)
     return ScheduledRow(**fields)
 
@@ -50,18 +57,18 @@ class TestChunksFromDiffs:
             sample=True),)))
         chunk = runtime.steps[-1][0]
         assert (chunk.start_pos, chunk.token_ids) == (6, [sampled])
-        assert chunk.block_table == [3, 7] and chunk.window_block_table == [3, 7]
+        assert chunk.block_tables == {"compressed": [3, 7], "window": [3, 7]}
         assert second.results[0].sampled_token_id == fake_next_token(6, [sampled])
 
     def test_chunked_prefill_takes_tokens_from_the_prompt(self, executor, runtime):
         executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
                                   rows=(prefill_row(5, (2,), num_new_tokens=4, sample=False),)))
         result = executor.execute(StepPlan(2, rows=(ScheduledRow(
-            5, num_computed_tokens=4, num_new_tokens=2, new_block_ids=(9,),
-            new_window_block_ids=(1,), sample=True),)))
+            5, num_computed_tokens=4, num_new_tokens=2, new_blocks=new_blocks((9,), (1,), 1, 1),
+            sample=True),)))
         chunk = runtime.steps[-1][0]
         assert chunk.token_ids == list(PROMPT[4:])
-        assert chunk.block_table == [2, 9] and chunk.window_block_table == [2, 1]
+        assert chunk.block_tables == {"compressed": [2, 9], "window": [2, 1]}
         assert result.results[0].sampled_token_id == fake_next_token(4, list(PROMPT[4:]))
 
     def test_forced_continuation_appends_several_tokens(self, executor, runtime):
@@ -69,7 +76,7 @@ class TestChunksFromDiffs:
                                   rows=(prefill_row(5, (0, 1)),)))
         executor.execute(StepPlan(2, rows=(ScheduledRow(
             5, num_computed_tokens=6, num_new_tokens=3, append_token_ids=(40, 41, 42),
-            new_block_ids=(2,), new_window_block_ids=(2,), sample=True),)))
+            new_blocks=new_blocks((2,), (2,), 2, 2), sample=True),)))
         chunk = runtime.steps[-1][0]
         assert (chunk.start_pos, chunk.token_ids) == (6, [40, 41, 42])
 
@@ -93,8 +100,11 @@ class TestRowErrors:
     @pytest.mark.parametrize("bad_row, message", [
         (ScheduledRow(77, 0, 6, sample=True), "unknown seq_id 77"),
         (prefill_row(5, (0, 1), num_computed_tokens=2, num_new_tokens=4), "non-contiguous"),
-        (prefill_row(5, (0,)), "missing compressed blocks"),
-        (prefill_row(5, (0, 1), new_window_block_ids=(0,)), "missing window blocks"),
+        (prefill_row(5, (0, 1), new_blocks=new_blocks((0,), (0, 1))), "missing compressed blocks"),
+        (prefill_row(5, (0, 1), new_blocks=new_blocks((0, 1), (0,))), "missing window blocks"),
+        (prefill_row(5, (0, 1), new_blocks=(GroupBlocks("ori", 0, (0, 1)),)),
+         "unknown block group 'ori'"),
+        (prefill_row(5, (0, 1), new_blocks=new_blocks((0, 1), (0, 1)) * 2), "listed twice"),
         (prefill_row(5, (0, 16)), "block id 16 is out of range"),
         (prefill_row(5, (0, 1), num_new_tokens=7), "only 6 tokens are known"),
         (prefill_row(5, (0, 1), append_token_ids=(FAKE_VOCAB_SIZE,)), "outside the vocabulary"),
@@ -110,10 +120,14 @@ class TestRowErrors:
             retry = executor.execute(StepPlan(2, rows=(prefill_row(5, (0, 1)),)))
             assert retry.results[0].error == ""
 
-    def test_new_sequence_for_another_partition_fails_its_rows(self, executor):
-        result = executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 3, PROMPT),),
-                                           rows=(prefill_row(5, (0, 1)),)))
-        assert "partition 3" in result.results[0].error
+    def test_rows_and_sequences_of_other_partitions_are_skipped(self, executor, runtime):
+        result = executor.execute(StepPlan(1, new_sequences=[NewSequence(5, 3, PROMPT),
+                                                             NewSequence(6, 0, PROMPT)],
+                                           rows=[prefill_row(5, (0, 1), partition_id=3),
+                                                 prefill_row(6, (2, 3))]))
+        assert [r.seq_id for r in result.results] == [6]
+        assert [chunk.seq_id for chunk in runtime.steps[-1]] == [6]
+        assert executor.live_seq_ids == [6]
 
 
 class TestSequenceLifetime:
@@ -123,16 +137,50 @@ class TestSequenceLifetime:
         result = executor.execute(StepPlan(2, finished_seq_ids=(5,),
                                            new_sequences=(NewSequence(5, 0, PROMPT),),
                                            rows=(prefill_row(5, (2, 3)),)))
-        assert runtime.freed == [5]
         assert result.results[0].sampled_token_id == fake_next_token(0, list(PROMPT))
+        assert runtime.steps[-1][0].block_tables == {"compressed": [2, 3], "window": [2, 3]}
 
     def test_reset_drops_every_sequence(self, executor, runtime):
         executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
                                   rows=(prefill_row(5, (0, 1)),)))
         executor.reset()
-        assert runtime.freed == [5] and executor.live_seq_ids == []
+        assert executor.live_seq_ids == []
         result = executor.execute(StepPlan(2, rows=(ScheduledRow(5, 6, 1, (3,), sample=True),)))
         assert "unknown seq_id 5" in result.results[0].error
+
+
+class TestPrefixCacheHits:
+    def test_sequence_starts_after_its_cached_prefix_with_the_shared_blocks(self, executor,
+                                                                             runtime):
+        """4 cached tokens (one block): the row computes from position 4; the window table gets a
+        placeholder for logical block 0 when the hit shares only later window blocks."""
+        cached = NewSequence(5, 0, PROMPT, num_cached_tokens=4)
+        result = executor.execute(StepPlan(1, new_sequences=(cached,), rows=(ScheduledRow(
+            5, num_computed_tokens=4, num_new_tokens=2,
+            new_blocks=new_blocks((7, 8), (8,), first_window=1), sample=True),)))
+        chunk = runtime.steps[-1][0]
+        assert (chunk.start_pos, chunk.token_ids) == (4, list(PROMPT[4:]))
+        assert chunk.block_tables == {"compressed": [7, 8], "window": [-1, 8]}
+        assert result.results[0].sampled_token_id == fake_next_token(4, list(PROMPT[4:]))
+
+    @pytest.mark.parametrize("new, row, message", [
+        (NewSequence(5, 0, PROMPT, num_cached_tokens=6), prefill_row(5, (0, 1)),
+         "leave nothing"),
+        (NewSequence(5, 0, PROMPT, num_cached_tokens=4), prefill_row(5, (0, 1)),
+         "non-contiguous"),
+    ])
+    def test_a_bad_cached_prefix_fails_its_row(self, executor, new, row, message):
+        result = executor.execute(StepPlan(1, new_sequences=(new,), rows=(row,)))
+        assert message in result.results[0].error
+
+    def test_blocks_may_not_overwrite_the_table(self, executor):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(5, 0, PROMPT),),
+                                  rows=(prefill_row(5, (0, 1), num_new_tokens=4,
+                                                    sample=False),)))
+        result = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            5, num_computed_tokens=4, num_new_tokens=2, new_blocks=new_blocks((9,), (9,)),
+            sample=True),)))
+        assert "start at logical block 0, the table already has 2" in result.results[0].error
 
 
 class TestMaskDecoding:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from services.common.config import TopologyConfig, WorkerConfig
-from services.worker.executor import NewSequence, ScheduledRow, StepPlan
-from services.worker.ranks import RankGroup, RankGroupError, rank_specs
-from services.worker.server import serve, start_worker_server
+from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, StepPlan
+from services.worker.ranks import RankGroup, RankGroupError, rank_specs, store_address
+from services.worker.server import serve
 from tests.worker_service.fake_runtime import FakeRuntimeFactory, fake_next_token
 
 STEP_TIMEOUT_S = 120.0
@@ -36,13 +36,15 @@ def test_two_ranks_run_every_step_and_rank0_answers():
     config = two_rank_config()
 
     async def scenario() -> tuple[list, list[int]]:
-        ranks = RankGroup(rank_specs(config, factory.describe(config)), factory)
+        ranks = RankGroup(rank_specs(config, factory.describe(config)), factory,
+                          store_address(config), forms_world_alone=True)
         try:
             await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
             pids = ranks.pids
             plan = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT),),
-                            rows=(ScheduledRow(3, 0, 3, new_block_ids=(0,),
-                                               new_window_block_ids=(0,), sample=True),))
+                            rows=(ScheduledRow(3, 0, 3, new_blocks=(
+                                GroupBlocks("window", 0, (0,)),
+                                GroupBlocks("compressed", 0, (0,))), sample=True),))
             first = await asyncio.wait_for(ranks.step(plan), STEP_TIMEOUT_S)
             await ranks.reset()
             after_reset = await asyncio.wait_for(ranks.step(StepPlan(2, rows=plan.rows)),
@@ -57,11 +59,6 @@ def test_two_ranks_run_every_step_and_rank0_answers():
     assert first.results[0].sampled_token_id == fake_next_token(0, list(PROMPT))
     assert "unknown seq_id 3" in after_reset.results[0].error
     assert_processes_gone(pids)
-
-
-def test_more_than_one_rank_is_refused_until_the_runtime_is_tensor_parallel():
-    with pytest.raises(ValueError, match="drives one rank"):
-        asyncio.run(start_worker_server(two_rank_config(), FakeRuntimeFactory()))
 
 
 @pytest.mark.slow  # spawns a rank that loads the real runtime

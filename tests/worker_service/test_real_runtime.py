@@ -21,11 +21,11 @@ NUM_DECODES = 3
 
 def bare_runtime_tokens(model_dir) -> list[int]:
     runtime = ModelRuntime(RuntimeConfig(model_dir=model_dir, dtype=torch.float32, device="cpu",
-                                         block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS,
-                                         num_window_blocks=NUM_BLOCKS))
-    tokens = runtime.step([SequenceChunk(1, 0, PROMPT, [0], [0], sample=True)]).sampled
+                                         block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
+    tables = runtime.cache.same_table_for_every_group([0])
+    tokens = runtime.step([SequenceChunk(1, 0, PROMPT, tables, sample=True)]).sampled
     for position in range(len(PROMPT), len(PROMPT) + NUM_DECODES):
-        chunk = SequenceChunk(1, position, [tokens[-1]], [0], [0], sample=True)
+        chunk = SequenceChunk(1, position, [tokens[-1]], tables, sample=True)
         tokens += runtime.step([chunk]).sampled
     return tokens
 
@@ -41,13 +41,17 @@ def test_served_tokens_equal_the_bare_runtime(tiny_model_dir):
         reply = stub.Describe(worker_pb2.DescribeRequest(), timeout=60)
         assert (reply.vocab_size, reply.eos_token_id) == (model.vocab_size, model.eos_token_id)
         assert [(g.name, g.num_blocks) for g in reply.block_groups] == [
-            ("window", NUM_BLOCKS), ("compressed", NUM_BLOCKS)]
+            ("window", NUM_BLOCKS), ("compressed", NUM_BLOCKS), ("csa_state", NUM_BLOCKS),
+            ("hca_state", NUM_BLOCKS)]
+        groups = [g.name for g in reply.block_groups]
         wait_for_health(channel, health_pb2.HealthCheckResponse.SERVING, timeout_s=600)
         stream = StepStream(channel, timeout_s=600)
         first = stream.call(worker_pb2.StepRequest(
             step_id=1, new_sequences=[worker_pb2.NewSequence(seq_id=9, prompt_token_ids=PROMPT)],
-            rows=[worker_pb2.ScheduledRow(seq_id=9, num_new_tokens=len(PROMPT), new_block_ids=[3],
-                                          new_window_block_ids=[5], sample=True)]))
+            rows=[worker_pb2.ScheduledRow(seq_id=9, num_new_tokens=len(PROMPT), sample=True,
+                                          new_blocks=[worker_pb2.GroupBlocks(group=group,
+                                                                             block_ids=[3])
+                                                      for group in groups])]))
         served = [first.results[0].sampled_token_id]
         for step_id, position in enumerate(range(len(PROMPT), len(PROMPT) + NUM_DECODES), start=2):
             row = worker_pb2.ScheduledRow(seq_id=9, num_computed_tokens=position, num_new_tokens=1,

@@ -47,7 +47,8 @@ def new_sequence(seq_id: int, prompt=PROMPT) -> worker_pb2.NewSequence:
 
 def prefill_row(seq_id: int, blocks: list[int], prompt=PROMPT, **fields) -> worker_pb2.ScheduledRow:
     return worker_pb2.ScheduledRow(seq_id=seq_id, num_computed_tokens=0, num_new_tokens=len(prompt),
-                                   new_block_ids=blocks, new_window_block_ids=blocks, sample=True,
+                                   new_blocks=[worker_pb2.GroupBlocks(group=g, block_ids=blocks)
+                                               for g in ("window", "compressed")], sample=True,
                                    **fields)
 
 
@@ -70,7 +71,7 @@ class TestDescribe:
         assert list(reply.partition_ids) == [0]
         assert {(g.name, g.num_blocks) for g in reply.block_groups} == {
             ("window", FAKE_NUM_BLOCKS), ("compressed", FAKE_NUM_BLOCKS)}
-        assert {f.name for f in reply.cache_families} == {"ori", "csa_state"}
+        assert {f.name for f in reply.cache_families} == {"ori", "cmp_c4"}
         assert reply.max_num_batched_tokens == 512 and reply.compute_dtype == "float32"
 
 
@@ -127,7 +128,7 @@ class TestStepStream:
         outcomes = [(r.seq_id, r.HasField("sampled_token_id"), bool(r.error))
                     for r in reply.results]
         assert outcomes == [(1, True, False), (2, False, True), (3, True, False)]
-        assert "missing compressed blocks" in reply.results[1].error
+        assert "missing window blocks" in reply.results[1].error
         assert reply.results[2].sampled_token_id == 9
 
     def test_new_stream_starts_with_no_sequences(self, channel):

@@ -19,20 +19,27 @@ import torch
 
 from services.worker.model import compressor, numerics
 from services.worker.model.batch import ChunkRows, StepBatch
+from services.worker.model.collectives import Collectives
 from services.worker.model.config import ModelConfig
-from services.worker.model.compressor import CompressorSpec, CompressorState
-from services.worker.model.kv_cache import PagedKvCache
+from services.worker.model.compressor import CompressorSpec
+from services.worker.model.kv_cache import COMPRESSED, STATE_GROUPS, WINDOW, PagedKvCache
+from services.worker.model.parallel import ParallelLayout
 from services.worker.model.weights import ModelWeights
-
-SequenceState = dict[str, CompressorState]
 
 
 class AttentionLayer:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, layer_id: int, prefix: str):
+    """One layer's attention on this rank: its TP share of the heads (see parallel.py); the kv
+    vector, compressors, indexer and caches are the whole layer's on every rank."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, layer_id: int, prefix: str,
+                 layout: ParallelLayout, collectives: Collectives):
         self.config = config
         self.w = weights
         self.layer_id = layer_id
         self.prefix = prefix                  # e.g. "layers.3.attn."
+        self.num_heads = len(layout.heads(config))
+        self.num_groups = len(layout.o_groups(config))
+        self.collectives = collectives
         self.ratio = config.layer_ratio(layer_id)
         rd = config.qk_rope_head_dim
         if self.ratio == 0:
@@ -66,7 +73,7 @@ class AttentionLayer:
         qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"],
                                eps)
         q = numerics.linear(qr, w[p + "wq_b.weight"])
-        q = q.view(-1, cfg.num_attention_heads, cfg.head_dim)
+        q = q.view(-1, self.num_heads, cfg.head_dim)
         q = self._rope(numerics.rms_norm(q, None, eps), positions)
         kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"],
                                eps)
@@ -86,10 +93,9 @@ class AttentionLayer:
         return q, head_weights
 
     # ---- forward ------------------------------------------------------------------------------
-    def forward(self, y: torch.Tensor, batch: StepBatch, cache: PagedKvCache,
-                states: dict[int, SequenceState]) -> torch.Tensor:
-        """y [T, D] (attn_norm output) → [T, D]. Writes this step's rows/entries into `cache`
-        and advances each sequence's compressor states in `states`."""
+    def forward(self, y: torch.Tensor, batch: StepBatch, cache: PagedKvCache) -> torch.Tensor:
+        """y [T, D] (attn_norm output) → [T, D]. Writes this step's raw rows, compressor rows and
+        completed entries into `cache`."""
         cfg, w, p = self.config, self.w, self.prefix
         positions = batch.positions
         qr, q, kv = self._queries_and_kv(y, positions)
@@ -102,19 +108,18 @@ class AttentionLayer:
         out = torch.empty_like(q)
         for chunk in batch.chunks:
             rows = chunk.rows
-            state = states.setdefault(chunk.seq_id, {})
             window_keys, window_mask = self._window(chunk, kv[rows], cache)
             n_rows = window_keys.shape[0]
             cmp_keys = window_keys.new_zeros(n_rows, 0, cfg.head_dim)
             cmp_counts = torch.zeros(n_rows, dtype=torch.int64, device=q.device)
             if self.kv_spec is not None:
-                entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, state,
-                                         cache, cache.entries[self.layer_id])
+                entries = self._compress(self.kv_spec, "kv", chunk, projected["kv"], rows, cache,
+                                         cache.entries[self.layer_id])
                 cmp_counts = (chunk.positions + 1) // self.ratio
                 cmp_keys = entries.expand(n_rows, -1, -1)
                 if self.index_spec is not None:
                     keys = self._compress(self.index_spec, "index", chunk, projected["index"],
-                                          rows, state, cache, cache.index_keys[self.layer_id])
+                                          rows, cache, cache.index_keys[self.layer_id])
                     cmp_keys, cmp_counts = self._select(index_q[rows], index_w[rows], keys,
                                                         entries, cmp_counts)
             out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_counts,
@@ -123,44 +128,52 @@ class AttentionLayer:
 
     def _output(self, o: torch.Tensor) -> torch.Tensor:
         """Grouped low-rank projection: heads split into o_groups contiguous groups, each through
-        its slice of wo_a, concatenated, then wo_b. o [T, H, d] → [T, D]."""
+        its slice of wo_a, concatenated (over the TP ranks' groups), then wo_b (this rank's output
+        rows, concatenated over the TP ranks). o [T, H_local, d] → [T, D]."""
         cfg, w, p = self.config, self.w, self.prefix
-        groups = cfg.o_groups
+        if o.shape[0] == 0:  # an idle partition: every rank of its TP group skips the gathers
+            return o.new_zeros(0, cfg.hidden_size)
+        groups = self.num_groups
         wo_a = w[p + "wo_a.weight"].view(groups, cfg.o_lora_rank, -1)
         grouped = o.reshape(o.shape[0], groups, -1)
         low_rank = torch.cat([numerics.linear(grouped[:, g], wo_a[g]) for g in range(groups)],
                              dim=-1)
-        return numerics.linear(low_rank, w[p + "wo_b.weight"])
+        low_rank = self.collectives.tp_concat(low_rank)
+        return self.collectives.tp_concat(numerics.linear(low_rank, w[p + "wo_b.weight"]))
 
     def _window(self, chunk: ChunkRows, kv: torch.Tensor, cache: PagedKvCache
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the chunk's raw rows, read back each query's window
         → (keys [L, W, d] for positions t−W+1..t, mask [L, W]: False before position 0)."""
-        table = chunk.window_block_table
-        cache.write_window(self.layer_id, cache.window_slots(table, chunk.positions), kv)
+        table = chunk.block_tables[WINDOW]
+        cache.write_window(self.layer_id, cache.slots(table, chunk.positions), kv)
         window = self.config.sliding_window
         offsets = torch.arange(1 - window, 1, device=kv.device)
         key_pos = chunk.positions[:, None] + offsets[None, :]
         mask = key_pos >= 0
-        slots = cache.window_slots(table, key_pos.clamp(min=0).flatten())
+        slots = cache.slots(table, key_pos.clamp(min=0).flatten())
         keys = cache.read_window(self.layer_id, slots).view(*key_pos.shape, -1)
         return keys.masked_fill(~mask[..., None], 0), mask
 
     def _compress(self, spec: CompressorSpec, name: str, chunk: ChunkRows,
                   projected: tuple[torch.Tensor, torch.Tensor], rows: slice,
-                  state: SequenceState, cache: PagedKvCache, store: torch.Tensor) -> torch.Tensor:
-        """Advance one compressor over the chunk, store new entries → all entries so far."""
-        key = f"{self.layer_id}.{name}"
-        width = projected[0].shape[1]
-        previous = state.get(key) or CompressorState.empty(width, str(projected[0].device))
-        first, raw, state[key] = compressor.pool(spec, previous, projected[0][rows],
-                                                 projected[1][rows], chunk.start_pos)
-        if raw.shape[0]:
+                  cache: PagedKvCache, store: torch.Tensor) -> torch.Tensor:
+        """Store the chunk's compressor rows, pool the entries its tokens complete (reading their
+        rows back, including earlier chunks' or a cached prefix's), store them → all entries so
+        far."""
+        m, key = spec.ratio, (self.layer_id, name)
+        state_table = chunk.block_tables[STATE_GROUPS[m]]
+        entry_table = chunk.block_tables[COMPRESSED]
+        cache.write_rows(key, state_table, chunk.positions, projected[0][rows], projected[1][rows])
+        first, end = chunk.start_pos // m, chunk.end_pos // m
+        if end > first:
+            lookback = m if spec.overlap else 0
+            kv, score = cache.read_rows(key, state_table, first * m - lookback, end * m)
+            raw = compressor.pool(spec, kv, score, end - first)
             entries = compressor.finish(spec, self.w, raw, first, self.inv_freq, store.dtype,
                                         self.config.rms_norm_eps)
-            cache.write_entries(store, chunk.block_table, first, spec.ratio, entries)
-        return cache.read_entries(store, chunk.block_table, chunk.end_pos // spec.ratio,
-                                  spec.ratio)
+            cache.write_entries(store, entry_table, first, m, entries)
+        return cache.read_entries(store, entry_table, end, m)
 
     def _select(self, index_q: torch.Tensor, index_w: torch.Tensor, index_keys: torch.Tensor,
                 entries: torch.Tensor, n_visible: torch.Tensor
@@ -198,7 +211,9 @@ def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tenso
     for count in torch.unique(cmp_counts).tolist():
         rows = cmp_counts == count
         keys = torch.cat([window_keys[rows], cmp_keys[rows, :count]], dim=1).float()
-        scores = torch.einsum("lhd,lkd->lhk", q[rows].float(), keys).mul(scale)
+        # Keys × queries, heads as the GEMM's output columns: a head's scores then do not depend
+        # on how many heads sit beside it (a TP rank holds a slice), bit for bit on CPU.
+        scores = torch.einsum("lkd,lhd->lkh", keys, q[rows].float()).transpose(1, 2).mul(scale)
         visible = _key_mask(window_mask[rows], count)
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         sink_col = sink.float()[None, :, None].expand(scores.shape[0], -1, 1)

@@ -14,8 +14,9 @@ class ChunkRows:
     row_start: int                    # first row of this chunk in the flat batch
     start_pos: int                    # positions already cached
     end_pos: int                      # start_pos + number of tokens
-    block_table: torch.Tensor         # int64, compressed group, logical order
-    window_block_table: torch.Tensor  # int64, window group, logical order
+    # int64, logical order, one table per block group (kv_cache.py)
+    block_tables: dict[str, torch.Tensor]
+    device: str
 
     @property
     def rows(self) -> slice:
@@ -23,7 +24,7 @@ class ChunkRows:
 
     @property
     def positions(self) -> torch.Tensor:
-        return torch.arange(self.start_pos, self.end_pos, device=self.block_table.device)
+        return torch.arange(self.start_pos, self.end_pos, device=self.device)
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,21 @@ class StepBatch:
     chunks: tuple[ChunkRows, ...]
 
 
-def build_batch(chunks: list[tuple[int, int, list[int], list[int], list[int]]], device: str
+def build_batch(chunks: list[tuple[int, int, list[int], dict[str, list[int]]]], device: str
                 ) -> StepBatch:
-    """chunks: (seq_id, start_pos, token_ids, block_table, window_block_table), one per row."""
+    """chunks: (seq_id, start_pos, token_ids, block table per group), one per row."""
     rows: list[ChunkRows] = []
     ids: list[int] = []
     positions: list[torch.Tensor] = []
-    for seq_id, start_pos, token_ids, block_table, window_block_table in chunks:
+    for seq_id, start_pos, token_ids, block_tables in chunks:
         rows.append(ChunkRows(
             seq_id=seq_id, row_start=len(ids), start_pos=start_pos,
             end_pos=start_pos + len(token_ids),
-            block_table=torch.tensor(block_table, dtype=torch.int64, device=device),
-            window_block_table=torch.tensor(window_block_table, dtype=torch.int64, device=device)))
+            block_tables={group: torch.tensor(table, dtype=torch.int64, device=device)
+                          for group, table in block_tables.items()},
+            device=device))
         ids.extend(token_ids)
         positions.append(torch.arange(start_pos, start_pos + len(token_ids)))
+    all_positions = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.int64)
     return StepBatch(token_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-                     positions=torch.cat(positions).to(device), chunks=tuple(rows))
+                     positions=all_positions.to(device), chunks=tuple(rows))

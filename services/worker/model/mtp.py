@@ -23,9 +23,10 @@ def mtp_logits(model: DeepseekV4, hidden: torch.Tensor, next_ids: list[int],
     length = hidden.shape[0]
     n_blocks = math.ceil(length / block_size)
     cache = PagedKvCache({layer_id: cfg.layer_ratio(layer_id)}, cfg.head_dim, cfg.index_head_dim,
-                         block_size, n_blocks, n_blocks, hidden.dtype, str(hidden.device))
-    table = list(range(n_blocks))
+                         cfg.sliding_window, block_size, n_blocks, hidden.dtype,
+                         str(hidden.device))
+    tables = cache.same_table_for_every_group(list(range(n_blocks)))
     with torch.inference_mode():
-        batch = build_batch([(0, 0, next_ids, table, table)], str(hidden.device))
-        streams = model.mtp_forward(hidden, batch.token_ids, batch, cache, {}, mtp_index)
+        batch = build_batch([(0, 0, next_ids, tables)], str(hidden.device))
+        streams = model.mtp_forward(hidden, batch.token_ids, batch, cache, mtp_index)
         return model.logits(streams[-1:], prefix=f"mtp.{mtp_index}.")[0]

@@ -42,6 +42,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def wide_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [n, in] @ weight.T for a wide weight (the vocabulary head), batch-invariant per row on CPU.
+
+    Computed as weight @ x.T: the rows of x become the GEMM's output columns, whose results do not
+    depend on how many there are once there are two or more (one column takes a GEMV path, so a
+    single row is paired with a zero row). Padding x to 8 rows, as `linear` does, would multiply
+    the largest GEMM of a decode step instead.
+    """
+    if x.device.type != "cpu":
+        return torch.nn.functional.linear(x, weight)
+    rows = x.shape[0]
+    if rows == 1:
+        x = torch.cat([x, x.new_zeros(1, x.shape[1])])
+    return (weight @ x.T).T[:rows]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """fp32 RMSNorm, result in x's dtype (weight None: no scale, as for the per-head q norm)."""
     xf = x.float()

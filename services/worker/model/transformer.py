@@ -8,22 +8,32 @@ import torch
 
 from services.worker.model import hyper_connections as mhc
 from services.worker.model import numerics
-from services.worker.model.attention import AttentionLayer, SequenceState
+from services.worker.model.attention import AttentionLayer
 from services.worker.model.batch import StepBatch
+from services.worker.model.collectives import Collectives, LocalCollectives
 from services.worker.model.config import ModelConfig
 from services.worker.model.kv_cache import PagedKvCache
-from services.worker.model.moe import moe_forward
+from services.worker.model.moe import MoeLayer
+from services.worker.model.parallel import ParallelLayout
 from services.worker.model.weights import ModelWeights
 
 
 class DeepseekV4:
-    def __init__(self, config: ModelConfig, weights: ModelWeights):
+    """The model as one rank holds it (`layout`; the single-rank default holds everything)."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights,
+                 layout: ParallelLayout = ParallelLayout(),
+                 collectives: Collectives = LocalCollectives()):
         self.config = config
         self.w = weights
+        self.collectives = collectives
         self.attention = {
             layer_id: AttentionLayer(config, weights, layer_id,
-                                     self.block_prefix(layer_id) + "attn.")
+                                     self.block_prefix(layer_id) + "attn.", layout, collectives)
             for layer_id in range(config.num_layers_total)}
+        self.moe = {layer_id: MoeLayer(config, weights, self.block_prefix(layer_id) + "ffn.",
+                                       config.is_hash_layer(layer_id), layout, collectives)
+                    for layer_id in range(config.num_layers_total)}
 
     def block_prefix(self, layer_id: int) -> str:
         """Main layers live under `layers.i.`, MTP blocks under `mtp.m.` (layer ids continue)."""
@@ -34,26 +44,27 @@ class DeepseekV4:
         """ids [T] → [T, D] in the compute dtype."""
         return self.w["embed.weight"][token_ids]
 
-    def block(self, layer_id: int, h: torch.Tensor, batch: StepBatch, cache: PagedKvCache,
-              states: dict[int, SequenceState]) -> torch.Tensor:
+    def block(self, layer_id: int, h: torch.Tensor, batch: StepBatch, cache: PagedKvCache
+              ) -> torch.Tensor:
         """h [T, hc, D] → [T, hc, D]."""
         cfg, w = self.config, self.w
         prefix = self.block_prefix(layer_id)
         iters, hc_eps, eps = cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
         y, post, comb = mhc.hc_pre(h, w.hc(prefix, "attn"), iters, hc_eps, eps)
         y = numerics.rms_norm(y, w[prefix + "attn_norm.weight"], eps)
-        h = mhc.hc_post(self.attention[layer_id].forward(y, batch, cache, states), h, post, comb)
+        h = mhc.hc_post(self.attention[layer_id].forward(y, batch, cache), h, post, comb)
         y, post, comb = mhc.hc_pre(h, w.hc(prefix, "ffn"), iters, hc_eps, eps)
         y = numerics.rms_norm(y, w[prefix + "ffn_norm.weight"], eps)
-        ffn = moe_forward(y, batch.token_ids, w, prefix + "ffn.", cfg, cfg.is_hash_layer(layer_id))
+        ffn = self.moe[layer_id].forward(y, batch.token_ids)
         return mhc.hc_post(ffn, h, post, comb)
 
-    def forward_hidden(self, batch: StepBatch, cache: PagedKvCache,
-                       states: dict[int, SequenceState]) -> torch.Tensor:
-        """All main layers → the last layer's hc streams [T, hc, D]."""
+    def forward_hidden(self, batch: StepBatch, cache: PagedKvCache) -> torch.Tensor:
+        """All main layers → the last layer's hc streams [T, hc, D]. Every rank of an EP group runs
+        it every step, with zero rows when its partition has none (see collectives.py)."""
+        self.collectives.begin_step(batch.token_ids.shape[0])
         h = self.embed(batch.token_ids).unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         for layer_id in range(self.config.num_hidden_layers):
-            h = self.block(layer_id, h, batch, cache, states)
+            h = self.block(layer_id, h, batch, cache)
         return h
 
     def logits(self, h: torch.Tensor, prefix: str = "") -> torch.Tensor:
@@ -61,13 +72,10 @@ class DeepseekV4:
         cfg = self.config
         y = mhc.hc_head(h, self.w.hc(prefix, "head"), cfg.hc_eps, cfg.rms_norm_eps)
         y = numerics.rms_norm(y, self.w[prefix + "norm.weight"], cfg.rms_norm_eps)
-        # The head is the last op: no padding to batch-invariant row counts (its per-row noise
-        # cannot propagate, and padding would multiply the largest GEMM of a decode step).
-        return torch.nn.functional.linear(y.float(), self.w["head.weight"])
+        return numerics.wide_linear(y.float(), self.w["head.weight"])
 
     def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor, batch: StepBatch,
-                    cache: PagedKvCache, states: dict[int, SequenceState], mtp_index: int = 0
-                    ) -> torch.Tensor:
+                    cache: PagedKvCache, mtp_index: int = 0) -> torch.Tensor:
         """MTP block on the main model's last-layer streams h [T, hc, D] and the ids of the
         following tokens `next_ids` [T] → its own last-layer streams [T, hc, D].
 
@@ -75,9 +83,10 @@ class DeepseekV4:
         `cache` must serve the MTP layer id (num_hidden_layers + mtp_index).
         """
         cfg, w = self.config, self.w
+        self.collectives.begin_step(next_ids.shape[0])
         prefix = f"mtp.{mtp_index}."
         e = numerics.rms_norm(self.embed(next_ids), w[prefix + "enorm.weight"], cfg.rms_norm_eps)
         x = numerics.rms_norm(h, w[prefix + "hnorm.weight"], cfg.rms_norm_eps)
         x = numerics.linear(e, w[prefix + "e_proj.weight"]).unsqueeze(1) + numerics.linear(
             x, w[prefix + "h_proj.weight"])
-        return self.block(cfg.num_hidden_layers + mtp_index, x, batch, cache, states)
+        return self.block(cfg.num_hidden_layers + mtp_index, x, batch, cache)

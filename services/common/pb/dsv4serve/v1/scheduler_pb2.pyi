@@ -187,29 +187,39 @@ class GetSchedulerStateRequest(_message.Message):
     def __init__(self, include_requests: _Optional[bool] = ...) -> None: ...
 
 class BlockGroupUsage(_message.Message):
-    __slots__ = ("group", "total_blocks", "free_blocks", "used_blocks")
+    __slots__ = ("group", "total_blocks", "free_blocks", "used_blocks", "cached_blocks")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     group: str
     total_blocks: int
     free_blocks: int
     used_blocks: int
-    def __init__(self, group: _Optional[str] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ...) -> None: ...
+    cached_blocks: int
+    def __init__(self, group: _Optional[str] = ..., total_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ...) -> None: ...
 
 class PartitionUsage(_message.Message):
-    __slots__ = ("partition_id", "groups", "running_requests")
+    __slots__ = ("partition_id", "groups", "running_requests", "waiting_requests", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate")
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     partition_id: int
     groups: _containers.RepeatedCompositeFieldContainer[BlockGroupUsage]
     running_requests: int
-    def __init__(self, partition_id: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BlockGroupUsage, _Mapping]]] = ..., running_requests: _Optional[int] = ...) -> None: ...
+    waiting_requests: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prefix_cache_hit_rate: float
+    def __init__(self, partition_id: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BlockGroupUsage, _Mapping]]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ...) -> None: ...
 
 class RequestSummary(_message.Message):
-    __slots__ = ("request_id", "phase", "partition_id", "prompt_tokens", "computed_tokens", "output_tokens", "constrained")
+    __slots__ = ("request_id", "phase", "partition_id", "prompt_tokens", "computed_tokens", "output_tokens", "constrained", "cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +227,7 @@ class RequestSummary(_message.Message):
     COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     phase: RequestPhase
     partition_id: int
@@ -224,10 +235,11 @@ class RequestSummary(_message.Message):
     computed_tokens: int
     output_tokens: int
     constrained: bool
-    def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., partition_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., constrained: _Optional[bool] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., partition_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., constrained: _Optional[bool] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class GetSchedulerStateResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total")
+    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total", "prefix_caching_enabled", "prefix_cache_queries_total", "prefix_cache_hits_total", "constrained_preemptions_total")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_GRAMMAR_PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +254,10 @@ class GetSchedulerStateResponse(_message.Message):
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GENERATION_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINED_PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_grammar_pending: int
@@ -256,7 +272,11 @@ class GetSchedulerStateResponse(_message.Message):
     requests: _containers.RepeatedCompositeFieldContainer[RequestSummary]
     prompt_tokens_total: int
     generation_tokens_total: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ...) -> None: ...
+    prefix_caching_enabled: bool
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    constrained_preemptions_total: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., prefix_caching_enabled: _Optional[bool] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., constrained_preemptions_total: _Optional[int] = ...) -> None: ...
 
 class GetRequestStateRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,services/common/pb/dsv4serve/v1/worker.proto\x12\x0c\x64sv4serve.v1\"I\n\x0f\x44\x65scribeRequest\x12\x1d\n\x15scheduler_abi_version\x18\x01 \x01(\r\x12\x17\n\x0fscheduler_build\x18\x02 \x01(\t\"g\n\x08Topology\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\n\n\x02\x64p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12\n\n\x02\x65p\x18\x04 \x01(\r\x12\x12\n\nhost_ranks\x18\x05 \x03(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"w\n\x0b\x43\x61\x63heFamily\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x16\n\x0erows_per_block\x18\x03 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x04 \x01(\x04\x12\x1a\n\x12\x62ytes_per_sequence\x18\x05 \x01(\x04\"_\n\nBlockGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x03 \x01(\x04\x12\x16\n\x0esliding_window\x18\x04 \x01(\r\"\xed\x02\n\x10\x44\x65scribeResponse\x12\x13\n\x0b\x61\x62i_version\x18\x01 \x01(\r\x12\x10\n\x08\x62uild_id\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12(\n\x08topology\x18\x04 \x01(\x0b\x32\x16.dsv4serve.v1.Topology\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x07 \x01(\r\x12\x15\n\rpartition_ids\x18\x08 \x03(\r\x12.\n\x0c\x62lock_groups\x18\t \x03(\x0b\x32\x18.dsv4serve.v1.BlockGroup\x12\x31\n\x0e\x63\x61\x63he_families\x18\n \x03(\x0b\x32\x19.dsv4serve.v1.CacheFamily\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\r\x12\x15\n\rcompute_dtype\x18\x0c \x01(\t\"\x8e\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x14\n\x0cpartition_id\x18\x02 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12 \n\x14logit_bias_token_ids\x18\x04 \x03(\rB\x02\x10\x01\x12\x1d\n\x11logit_bias_values\x18\x05 \x03(\x02\x42\x02\x10\x01\";\n\tTokenMask\x12\x1d\n\x11\x61llowed_token_ids\x18\x01 \x03(\rB\x02\x10\x01\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"\xe5\x01\n\x0cScheduledRow\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\x12\x16\n\x0enum_new_tokens\x18\x03 \x01(\r\x12\x1c\n\x10\x61ppend_token_ids\x18\x04 \x03(\rB\x02\x10\x01\x12\x19\n\rnew_block_ids\x18\x05 \x03(\rB\x02\x10\x01\x12 \n\x14new_window_block_ids\x18\x06 \x03(\rB\x02\x10\x01\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12%\n\x04mask\x18\x08 \x01(\x0b\x32\x17.dsv4serve.v1.TokenMask\"\x98\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x30\n\rnew_sequences\x18\x02 \x03(\x0b\x32\x19.dsv4serve.v1.NewSequence\x12(\n\x04rows\x18\x03 \x03(\x0b\x32\x1a.dsv4serve.v1.ScheduledRow\x12\x1c\n\x10\x66inished_seq_ids\x18\x04 \x03(\x04\x42\x02\x10\x01\"^\n\tRowResult\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1d\n\x10sampled_token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x65rror\x18\x03 \x01(\tB\x13\n\x11_sampled_token_id\"l\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.dsv4serve.v1.RowResult\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\r\n\x05\x65rror\x18\x04 \x01(\t2\x96\x01\n\x06Worker\x12I\n\x08\x44\x65scribe\x12\x1d.dsv4serve.v1.DescribeRequest\x1a\x1e.dsv4serve.v1.DescribeResponse\x12\x41\n\x04Step\x12\x19.dsv4serve.v1.StepRequest\x1a\x1a.dsv4serve.v1.StepResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,services/common/pb/dsv4serve/v1/worker.proto\x12\x0c\x64sv4serve.v1\"!\n\x10JoinWorldRequest\x12\r\n\x05round\x18\x01 \x01(\x04\"\"\n\x11JoinWorldResponse\x12\r\n\x05round\x18\x01 \x01(\x04\"I\n\x0f\x44\x65scribeRequest\x12\x1d\n\x15scheduler_abi_version\x18\x01 \x01(\r\x12\x17\n\x0fscheduler_build\x18\x02 \x01(\t\"g\n\x08Topology\x12\x12\n\nworld_size\x18\x01 \x01(\r\x12\n\n\x02\x64p\x18\x02 \x01(\r\x12\n\n\x02tp\x18\x03 \x01(\r\x12\n\n\x02\x65p\x18\x04 \x01(\r\x12\x12\n\nhost_ranks\x18\x05 \x03(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\"a\n\x0b\x43\x61\x63heFamily\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x16\n\x0erows_per_block\x18\x03 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x04 \x01(\x04J\x04\x08\x05\x10\x06\"_\n\nBlockGroup\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x03 \x01(\x04\x12\x16\n\x0esliding_window\x18\x04 \x01(\r\"\x82\x03\n\x10\x44\x65scribeResponse\x12\x13\n\x0b\x61\x62i_version\x18\x01 \x01(\r\x12\x10\n\x08\x62uild_id\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12(\n\x08topology\x18\x04 \x01(\x0b\x32\x16.dsv4serve.v1.Topology\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x14\n\x0c\x65os_token_id\x18\x07 \x01(\r\x12\x15\n\rpartition_ids\x18\x08 \x03(\r\x12.\n\x0c\x62lock_groups\x18\t \x03(\x0b\x32\x18.dsv4serve.v1.BlockGroup\x12\x31\n\x0e\x63\x61\x63he_families\x18\n \x03(\x0b\x32\x19.dsv4serve.v1.CacheFamily\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\r\x12\x15\n\rcompute_dtype\x18\x0c \x01(\t\x12\x13\n\x0bworld_round\x18\r \x01(\x04\"\xbd\x01\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x14\n\x0cpartition_id\x18\x02 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12 \n\x14logit_bias_token_ids\x18\x04 \x03(\rB\x02\x10\x01\x12\x1d\n\x11logit_bias_values\x18\x05 \x03(\x02\x42\x02\x10\x01\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\r\";\n\tTokenMask\x12\x1d\n\x11\x61llowed_token_ids\x18\x01 \x03(\rB\x02\x10\x01\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"P\n\x0bGroupBlocks\x12\r\n\x05group\x18\x01 \x01(\t\x12\x1b\n\x13\x66irst_logical_block\x18\x02 \x01(\r\x12\x15\n\tblock_ids\x18\x03 \x03(\rB\x02\x10\x01\"\xf9\x01\n\x0cScheduledRow\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x14\n\x0cpartition_id\x18\t \x01(\r\x12\x1b\n\x13num_computed_tokens\x18\x02 \x01(\r\x12\x16\n\x0enum_new_tokens\x18\x03 \x01(\r\x12\x1c\n\x10\x61ppend_token_ids\x18\x04 \x03(\rB\x02\x10\x01\x12-\n\nnew_blocks\x18\n \x03(\x0b\x32\x19.dsv4serve.v1.GroupBlocks\x12\x0e\n\x06sample\x18\x07 \x01(\x08\x12%\n\x04mask\x18\x08 \x01(\x0b\x32\x17.dsv4serve.v1.TokenMaskJ\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"\x98\x01\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x30\n\rnew_sequences\x18\x02 \x03(\x0b\x32\x19.dsv4serve.v1.NewSequence\x12(\n\x04rows\x18\x03 \x03(\x0b\x32\x1a.dsv4serve.v1.ScheduledRow\x12\x1c\n\x10\x66inished_seq_ids\x18\x04 \x03(\x04\x42\x02\x10\x01\"^\n\tRowResult\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1d\n\x10sampled_token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x65rror\x18\x03 \x01(\tB\x13\n\x11_sampled_token_id\"l\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.dsv4serve.v1.RowResult\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\r\n\x05\x65rror\x18\x04 \x01(\t2\xe4\x01\n\x06Worker\x12I\n\x08\x44\x65scribe\x12\x1d.dsv4serve.v1.DescribeRequest\x1a\x1e.dsv4serve.v1.DescribeResponse\x12\x41\n\x04Step\x12\x19.dsv4serve.v1.StepRequest\x1a\x1a.dsv4serve.v1.StepResponse(\x01\x30\x01\x12L\n\tJoinWorld\x12\x1e.dsv4serve.v1.JoinWorldRequest\x1a\x1f.dsv4serve.v1.JoinWorldResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,36 +37,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEWSEQUENCE'].fields_by_name['logit_bias_values']._serialized_options = b'\020\001'
   _globals['_TOKENMASK'].fields_by_name['allowed_token_ids']._loaded_options = None
   _globals['_TOKENMASK'].fields_by_name['allowed_token_ids']._serialized_options = b'\020\001'
+  _globals['_GROUPBLOCKS'].fields_by_name['block_ids']._loaded_options = None
+  _globals['_GROUPBLOCKS'].fields_by_name['block_ids']._serialized_options = b'\020\001'
   _globals['_SCHEDULEDROW'].fields_by_name['append_token_ids']._loaded_options = None
   _globals['_SCHEDULEDROW'].fields_by_name['append_token_ids']._serialized_options = b'\020\001'
-  _globals['_SCHEDULEDROW'].fields_by_name['new_block_ids']._loaded_options = None
-  _globals['_SCHEDULEDROW'].fields_by_name['new_block_ids']._serialized_options = b'\020\001'
-  _globals['_SCHEDULEDROW'].fields_by_name['new_window_block_ids']._loaded_options = None
-  _globals['_SCHEDULEDROW'].fields_by_name['new_window_block_ids']._serialized_options = b'\020\001'
   _globals['_STEPREQUEST'].fields_by_name['finished_seq_ids']._loaded_options = None
   _globals['_STEPREQUEST'].fields_by_name['finished_seq_ids']._serialized_options = b'\020\001'
-  _globals['_DESCRIBEREQUEST']._serialized_start=62
-  _globals['_DESCRIBEREQUEST']._serialized_end=135
-  _globals['_TOPOLOGY']._serialized_start=137
-  _globals['_TOPOLOGY']._serialized_end=240
-  _globals['_CACHEFAMILY']._serialized_start=242
-  _globals['_CACHEFAMILY']._serialized_end=361
-  _globals['_BLOCKGROUP']._serialized_start=363
-  _globals['_BLOCKGROUP']._serialized_end=458
-  _globals['_DESCRIBERESPONSE']._serialized_start=461
-  _globals['_DESCRIBERESPONSE']._serialized_end=826
-  _globals['_NEWSEQUENCE']._serialized_start=829
-  _globals['_NEWSEQUENCE']._serialized_end=971
-  _globals['_TOKENMASK']._serialized_start=973
-  _globals['_TOKENMASK']._serialized_end=1032
-  _globals['_SCHEDULEDROW']._serialized_start=1035
-  _globals['_SCHEDULEDROW']._serialized_end=1264
-  _globals['_STEPREQUEST']._serialized_start=1267
-  _globals['_STEPREQUEST']._serialized_end=1419
-  _globals['_ROWRESULT']._serialized_start=1421
-  _globals['_ROWRESULT']._serialized_end=1515
-  _globals['_STEPRESPONSE']._serialized_start=1517
-  _globals['_STEPRESPONSE']._serialized_end=1625
-  _globals['_WORKER']._serialized_start=1628
-  _globals['_WORKER']._serialized_end=1778
+  _globals['_JOINWORLDREQUEST']._serialized_start=62
+  _globals['_JOINWORLDREQUEST']._serialized_end=95
+  _globals['_JOINWORLDRESPONSE']._serialized_start=97
+  _globals['_JOINWORLDRESPONSE']._serialized_end=131
+  _globals['_DESCRIBEREQUEST']._serialized_start=133
+  _globals['_DESCRIBEREQUEST']._serialized_end=206
+  _globals['_TOPOLOGY']._serialized_start=208
+  _globals['_TOPOLOGY']._serialized_end=311
+  _globals['_CACHEFAMILY']._serialized_start=313
+  _globals['_CACHEFAMILY']._serialized_end=410
+  _globals['_BLOCKGROUP']._serialized_start=412
+  _globals['_BLOCKGROUP']._serialized_end=507
+  _globals['_DESCRIBERESPONSE']._serialized_start=510
+  _globals['_DESCRIBERESPONSE']._serialized_end=896
+  _globals['_NEWSEQUENCE']._serialized_start=899
+  _globals['_NEWSEQUENCE']._serialized_end=1088
+  _globals['_TOKENMASK']._serialized_start=1090
+  _globals['_TOKENMASK']._serialized_end=1149
+  _globals['_GROUPBLOCKS']._serialized_start=1151
+  _globals['_GROUPBLOCKS']._serialized_end=1231
+  _globals['_SCHEDULEDROW']._serialized_start=1234
+  _globals['_SCHEDULEDROW']._serialized_end=1483
+  _globals['_STEPREQUEST']._serialized_start=1486
+  _globals['_STEPREQUEST']._serialized_end=1638
+  _globals['_ROWRESULT']._serialized_start=1640
+  _globals['_ROWRESULT']._serialized_end=1734
+  _globals['_STEPRESPONSE']._serialized_start=1736
+  _globals['_STEPRESPONSE']._serialized_end=1844
+  _globals['_WORKER']._serialized_start=1847
+  _globals['_WORKER']._serialized_end=2075
 # @@protoc_insertion_point(module_scope)

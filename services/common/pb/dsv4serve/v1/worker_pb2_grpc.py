@@ -45,6 +45,11 @@ class WorkerStub:
                 request_serializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.JoinWorld = channel.unary_unary(
+                '/dsv4serve.v1.Worker/JoinWorld',
+                request_serializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -68,6 +73,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWorld(self, request, context):
+        """/ Deployments of several workers: (re)form the torch.distributed world of all their ranks as round
+        / `round`. The scheduler calls it on every worker at once when their rounds disagree (a worker
+        / restarted) or after it lost a worker; it returns once this worker's ranks have joined the round
+        / and warmed up. A worker that drives the whole world forms round 1 by itself at start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +95,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepRequest.FromString,
                     response_serializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepResponse.SerializeToString,
+            ),
+            'JoinWorld': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWorld,
+                    request_deserializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldRequest.FromString,
+                    response_serializer=services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +157,33 @@ class Worker:
             '/dsv4serve.v1.Worker/Step',
             services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
             services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWorld(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dsv4serve.v1.Worker/JoinWorld',
+            services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldRequest.SerializeToString,
+            services_dot_common_dot_pb_dot_dsv4serve_dot_v1_dot_worker__pb2.JoinWorldResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,73 @@
+"""worker.proto messages ↔ the step dataclasses of `step_descriptors.py` (both directions)."""
+from __future__ import annotations
+
+from services.common.pb.dsv4serve.v1 import worker_pb2
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
+                                              StepPlan, StepResult, TokenMask)
+
+
+def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
+    return worker_pb2.StepRequest(
+        step_id=plan.step_id,
+        new_sequences=[worker_pb2.NewSequence(
+            seq_id=s.seq_id, partition_id=s.partition_id, prompt_token_ids=s.prompt_token_ids,
+            logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values,
+            request_id=s.request_id, num_cached_tokens=s.num_cached_tokens)
+            for s in plan.new_sequences],
+        rows=[_row_to_proto(row) for row in plan.rows],
+        finished_seq_ids=plan.finished_seq_ids)
+
+
+def _row_to_proto(row: ScheduledRow) -> worker_pb2.ScheduledRow:
+    message = worker_pb2.ScheduledRow(
+        seq_id=row.seq_id, partition_id=row.partition_id,
+        num_computed_tokens=row.num_computed_tokens, num_new_tokens=row.num_new_tokens,
+        append_token_ids=row.append_token_ids, sample=row.sample,
+        new_blocks=[worker_pb2.GroupBlocks(group=g.group, first_logical_block=g.first_logical_block,
+                                           block_ids=g.block_ids) for g in row.new_blocks])
+    if row.mask is not None:
+        message.mask.allowed_token_ids.extend(row.mask.allowed_token_ids)
+        message.mask.bitmask = row.mask.bitmask
+    return message
+
+
+def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
+    return StepPlan(
+        step_id=request.step_id,
+        new_sequences=[NewSequence(
+            seq_id=new.seq_id, partition_id=new.partition_id,
+            prompt_token_ids=tuple(new.prompt_token_ids),
+            logit_bias_token_ids=tuple(new.logit_bias_token_ids),
+            logit_bias_values=tuple(new.logit_bias_values), request_id=new.request_id,
+            num_cached_tokens=new.num_cached_tokens)
+            for new in request.new_sequences],
+        rows=[_row_from_proto(row) for row in request.rows],
+        finished_seq_ids=list(request.finished_seq_ids))
+
+
+def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
+    mask = (TokenMask(allowed_token_ids=tuple(row.mask.allowed_token_ids), bitmask=row.mask.bitmask)
+            if row.HasField("mask") else None)
+    return ScheduledRow(seq_id=row.seq_id, partition_id=row.partition_id,
+                        num_computed_tokens=row.num_computed_tokens,
+                        num_new_tokens=row.num_new_tokens,
+                        append_token_ids=tuple(row.append_token_ids),
+                        new_blocks=tuple(GroupBlocks(g.group, g.first_logical_block,
+                                                     tuple(g.block_ids)) for g in row.new_blocks),
+                        sample=row.sample, mask=mask)
+
+
+def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
+    return worker_pb2.StepResponse(
+        step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
+        results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
+                                      error=row.error) for row in result.results])
+
+
+def result_from_proto(response: worker_pb2.StepResponse) -> StepResult:
+    return StepResult(
+        step_id=response.step_id,
+        results=tuple(RowResult(r.seq_id,
+                                r.sampled_token_id if r.HasField("sampled_token_id") else None,
+                                r.error) for r in response.results),
+        forward_ns=response.forward_ns, error=response.error)
