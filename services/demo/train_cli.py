@@ -35,6 +35,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
+    parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
+                        help="save and stop after this step without finishing (a run in stages; "
+                             "the same command continues it)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--save-every", type=int, default=25, help="steps between saved states")
     parser.add_argument("--eval-every", type=int, default=150, help="steps between held-out evals")
@@ -54,8 +57,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     trainer = Trainer(args.out_dir, settings)
     evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count,
                              trainer.training_values)
+    last = min(settings.steps, args.stop_after or settings.steps)
     with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
-        while trainer.step_index < settings.steps:
+        while trainer.step_index < last:
             record = trainer.train_step()
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['token_accuracy']:.3f}")
@@ -64,8 +68,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 exact = teacher_forced(trainer, evalset, quantized=True)["exact"]
                 trainer.history.append({"step": step, "heldout_exact": exact})
                 bar.write(f"step {step}: held-out exact completions {exact:.2%}")
-            if step % args.save_every == 0 or step == settings.steps:
+            if step % args.save_every == 0 or step in (settings.steps, last):
                 _checkpoint(trainer, args.out_dir)
+    if last < settings.steps:
+        return 0
     report = _finish(trainer, args, time.monotonic() - started)
     print(json.dumps(report, indent=2))
     return 0
