@@ -36,13 +36,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
-                        help="save and stop after this step without finishing (a run in stages; "
-                             "the same command continues it)")
+                        help="end the run after this step, before the schedule's end: evaluate "
+                             "and export (and install) as at the end")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--save-every", type=int, default=25, help="steps between saved states")
     parser.add_argument("--eval-every", type=int, default=150, help="steps between held-out evals")
     parser.add_argument("--eval-count", type=int, default=40, help="held-out prompts per eval")
-    parser.add_argument("--final-eval-count", type=int, default=100)
+    parser.add_argument("--heldout-count", type=int, default=100,
+                        help=f"held-out prompts written to {export.HELDOUT_FILE} (the bench's set)")
+    parser.add_argument("--final-eval-count", type=int, default=100,
+                        help="how many of them the final teacher-forced evaluation scores")
     parser.add_argument("--install", action="store_true",
                         help=f"copy the result into {export.COMPACT_DIR} (the default model)")
     return parser.parse_args(list(argv))
@@ -64,14 +67,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['token_accuracy']:.3f}")
             step = trainer.step_index
-            if step % args.eval_every == 0 or step == settings.steps:
+            if step % args.eval_every == 0 or step == last:
                 exact = teacher_forced(trainer, evalset, quantized=True)["exact"]
                 trainer.history.append({"step": step, "heldout_exact": exact})
                 bar.write(f"step {step}: held-out exact completions {exact:.2%}")
-            if step % args.save_every == 0 or step in (settings.steps, last):
+            if step % args.save_every == 0 or step == last:
                 _checkpoint(trainer, args.out_dir)
-    if last < settings.steps:
-        return 0
     report = _finish(trainer, args, time.monotonic() - started)
     print(json.dumps(report, indent=2))
     return 0
@@ -86,13 +87,14 @@ def _checkpoint(trainer: Trainer, out_dir: Path) -> None:
 
 def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
     """Final held-out evaluation (float and quantized), compact export, optional install."""
-    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.final_eval_count,
+    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.heldout_count,
                             trainer.training_values)
+    evaluated = scenes[:args.final_eval_count]
     report = {"steps": trainer.step_index, "wall_s_this_run": round(wall_s),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-              "heldout_prompts": len(scenes),
-              "before_quantization": teacher_forced(trainer, scenes, quantized=False),
-              "after_quantization": teacher_forced(trainer, scenes, quantized=True)}
+              "heldout_prompts": len(evaluated),
+              "before_quantization": teacher_forced(trainer, evaluated, quantized=False),
+              "after_quantization": teacher_forced(trainer, evaluated, quantized=True)}
     (args.out_dir / "final_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     heldout = [{"request": s.scene.request(s.examples[0].example),
                 "expected": dict(zip(("name", "arguments"), s.examples[0].example.expected_call))}
