@@ -49,16 +49,6 @@ def npu_only_warnings(args: argparse.Namespace, environ: Mapping[str, str]) -> l
     return messages
 
 
-def not_yet_implemented_warnings(args: argparse.Namespace) -> list[str]:
-    """Operators' flags this release accepts but does not act on yet: said out loud, never silently."""
-    messages = []
-    speculative = getattr(args, "speculative_config", None)
-    if speculative is not None and speculative.num_speculative_tokens > 0:
-        messages.append(f"--speculative-config: {speculative.method} speculative decoding is not implemented "
-                        f"yet; decoding runs target-only (K=0), which gives the same greedy tokens")
-    return messages
-
-
 def topology_from_args(args: argparse.Namespace) -> TopologyConfig:
     if args.backend == "npu":
         raise FlagError("--backend npu is not supported: dsv4serve runs the model with torch; "
@@ -78,7 +68,8 @@ def topology_from_args(args: argparse.Namespace) -> TopologyConfig:
 
 
 def check_speculative(args: argparse.Namespace, topology: Optional[TopologyConfig]) -> None:
-    """DSpark serves dp×tp attention with experts over every rank, in 32-token blocks."""
+    """DSpark serves dp×tp attention with experts over every rank, in 32-token blocks. (Whether
+    this build can draft on the layout is the worker's startup check: worker/speculation.py.)"""
     spec = getattr(args, "speculative_config", None)
     if spec is None or spec.method != DSPARK_METHOD:
         return
@@ -216,8 +207,6 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
         args.api_key = environ.get(API_KEY_ENV) or None   # the flag wins over the environment
     for message in npu_only_warnings(args, environ):
         logger.warning(message)
-    for message in not_yet_implemented_warnings(args):
-        logger.warning(message)
     try:
         check_flags(args)
     except FlagError as exc:
@@ -232,11 +221,13 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
 
 
 def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None:
-    """--tp and --ep must divide what they split in the model (a FlagError names both)."""
+    """--tp and --ep must divide what they split in the model (a FlagError names both), and the
+    model and layout must serve --speculative-config."""
     if not hasattr(args, "tp"):
         return
     from services.worker.model.config import ConfigError, ModelConfig
     from services.worker.model.parallel import TopologyError, check_topology
+    from services.worker.speculation import SpeculationError, check_speculation
 
     try:
         model = ModelConfig.from_json_file(Path(model_dir) / "config.json")
@@ -244,7 +235,9 @@ def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None
         return  # the worker reports an unreadable model with its own, precise error
     try:
         check_topology(model, args.dp, args.tp, args.ep)
-    except TopologyError as error:
+        check_speculation(getattr(args, "speculative_config", None), model,
+                          topology_from_args(args))
+    except (TopologyError, SpeculationError) as error:
         raise FlagError(f"{error} (model {model_dir})") from None
 
 

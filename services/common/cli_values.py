@@ -9,6 +9,10 @@ from typing import Any, Optional
 from services.common.config import GenerateDefaults, SpeculativeConfig
 
 DSPARK_METHOD = "dspark"
+MTP_METHOD = "mtp"
+# Largest K per method: DSpark drafts one block (the checkpoint's dspark_block_size may lower it,
+# checked against the model at startup); chained MTP guesses degrade quickly past a few tokens.
+MAX_SPECULATIVE_TOKENS = {DSPARK_METHOD: 15, MTP_METHOD: 4}
 
 
 def positive_int(text: str) -> int:
@@ -125,15 +129,19 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def speculative_config(text: str) -> SpeculativeConfig:
-    """`{"method":"dspark","num_speculative_tokens":7}`; K = 0 means target-only decoding."""
+    """`{"method":"dspark","num_speculative_tokens":7}` or `{"method":"mtp",...}`; K = 0 means
+    target-only decoding."""
     value = json_object(text)
     _reject_unknown_keys(value, {"method", "num_speculative_tokens"})
     method = value.get("method")
-    if method != DSPARK_METHOD:
-        raise argparse.ArgumentTypeError(f'"method" must be "{DSPARK_METHOD}", got {method!r}')
+    if method not in MAX_SPECULATIVE_TOKENS:
+        raise argparse.ArgumentTypeError(f'"method" must be "{DSPARK_METHOD}" or "{MTP_METHOD}", '
+                                         f'got {method!r}')
     k = value.get("num_speculative_tokens")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise argparse.ArgumentTypeError(f'"num_speculative_tokens" must be an integer >= 0, got {k!r}')
+    limit = MAX_SPECULATIVE_TOKENS[method]
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= limit:
+        raise argparse.ArgumentTypeError(f'"num_speculative_tokens" must be an integer in '
+                                         f'[0, {limit}] for method {method}, got {k!r}')
     return SpeculativeConfig(method=method, num_speculative_tokens=k)
 
 

@@ -63,6 +63,16 @@ class ScheduledRow:
     mask: Optional[TokenMask] = None
     # The sequence's cache partition (DP group); the ranks of other partitions skip the row.
     partition_id: int = 0
+    # Speculative tokens after the row's known tokens, verified in this pass (draft_window.py).
+    # A forced token (grammar-forced) is accepted iff every token before it is; a drafted one iff
+    # the target's masked argmax at the position before it equals it.
+    draft_token_ids: tuple[int, ...] = ()
+    draft_forced: tuple[bool, ...] = ()  # one per draft token; empty: none forced
+    # With a mask: the masks of the sampled positions after the last known one, in order (the
+    # position of every draft token followed by a drafted token, and the last position).
+    draft_masks: tuple[TokenMask, ...] = ()
+    # Ask the worker's drafter for this many proposals after the row's newest committed token.
+    num_proposals: int = 0
 
 
 @dataclass
@@ -93,6 +103,10 @@ class RowResult:
     sampled_token_id: Optional[int] = None
     # Non-empty when this row failed (bad block table, empty mask); the other rows are unaffected.
     error: str = ""
+    # Leading draft tokens the target accepted; `sampled_token_id` is then the bonus token after
+    # them. Proposals: the drafter's guesses for the positions after the bonus token.
+    num_accepted_drafts: int = 0
+    proposed_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,20 @@ def _row_to_proto(row: ScheduledRow) -> worker_pb2.ScheduledRow:
         new_blocks=[worker_pb2.GroupBlocks(group=g.group, first_logical_block=g.first_logical_block,
                                            block_ids=g.block_ids) for g in row.new_blocks])
     if row.mask is not None:
-        message.mask.allowed_token_ids.extend(row.mask.allowed_token_ids)
-        message.mask.bitmask = row.mask.bitmask
+        message.mask.CopyFrom(_mask_to_proto(row.mask))
+    message.draft_token_ids.extend(row.draft_token_ids)
+    message.draft_forced.extend(row.draft_forced)
+    message.draft_masks.extend(_mask_to_proto(mask) for mask in row.draft_masks)
+    message.num_proposals = row.num_proposals
     return message
+
+
+def _mask_to_proto(mask: TokenMask) -> worker_pb2.TokenMask:
+    return worker_pb2.TokenMask(allowed_token_ids=mask.allowed_token_ids, bitmask=mask.bitmask)
+
+
+def _mask_from_proto(mask: worker_pb2.TokenMask) -> TokenMask:
+    return TokenMask(allowed_token_ids=tuple(mask.allowed_token_ids), bitmask=mask.bitmask)
 
 
 def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
@@ -46,22 +57,27 @@ def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
 
 
 def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
-    mask = (TokenMask(allowed_token_ids=tuple(row.mask.allowed_token_ids), bitmask=row.mask.bitmask)
-            if row.HasField("mask") else None)
+    mask = _mask_from_proto(row.mask) if row.HasField("mask") else None
     return ScheduledRow(seq_id=row.seq_id, partition_id=row.partition_id,
                         num_computed_tokens=row.num_computed_tokens,
                         num_new_tokens=row.num_new_tokens,
                         append_token_ids=tuple(row.append_token_ids),
                         new_blocks=tuple(GroupBlocks(g.group, g.first_logical_block,
                                                      tuple(g.block_ids)) for g in row.new_blocks),
-                        sample=row.sample, mask=mask)
+                        sample=row.sample, mask=mask,
+                        draft_token_ids=tuple(row.draft_token_ids),
+                        draft_forced=tuple(row.draft_forced),
+                        draft_masks=tuple(_mask_from_proto(m) for m in row.draft_masks),
+                        num_proposals=row.num_proposals)
 
 
 def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
     return worker_pb2.StepResponse(
         step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
         results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
-                                      error=row.error) for row in result.results])
+                                      error=row.error, num_accepted_drafts=row.num_accepted_drafts,
+                                      proposed_token_ids=row.proposed_token_ids)
+                 for row in result.results])
 
 
 def result_from_proto(response: worker_pb2.StepResponse) -> StepResult:
@@ -69,5 +85,6 @@ def result_from_proto(response: worker_pb2.StepResponse) -> StepResult:
         step_id=response.step_id,
         results=tuple(RowResult(r.seq_id,
                                 r.sampled_token_id if r.HasField("sampled_token_id") else None,
-                                r.error) for r in response.results),
+                                r.error, r.num_accepted_drafts, tuple(r.proposed_token_ids))
+                 for r in response.results),
         forward_ns=response.forward_ns, error=response.error)

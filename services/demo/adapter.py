@@ -78,7 +78,7 @@ def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: 
     mtp: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
     for call in _pack(rows):
         batch = _batch(cache, [(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
-        hidden = model.forward_hidden(batch, cache)
+        hidden, _ = model.forward_hidden(batch, cache)
         following = _batch(cache, [(seq_id, ids[a + 1:b + 1], a, table)
                             for seq_id, ids, a, b, table in call])
         streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache)

@@ -9,7 +9,8 @@ Decisions (the API contract leaves them open):
 - `response_format` json_* together with `tool_choice: "auto"` tools → the output is either one JSON
   value or one tool-call block. With `required` / a named tool the call wins (the output is a call).
 - Compile cost: XGrammar 0.2.7 compiles bounded repetitions (maxLength, `{m,n}` in patterns) slowly
-  (~1-1.5 s each on 2 cores); grammars are cached by text in the scheduler. The work one request
+  (~1-1.5 s each on 2 cores); grammars are cached by text in the scheduler, which also lifts a raw
+  string's maxLength out of the grammar and enforces it itself (scheduler/raw_string_lift.py). The work one request
   may cause is bounded by `SchemaBounds` (depth, sub-schemas, properties, enum values, length
   keywords, the size of the structural tag itself).
 - Schema keywords XGrammar 0.2.7 ignores and that would change validity (if/then/else, not,

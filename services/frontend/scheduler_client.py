@@ -129,6 +129,11 @@ class SchedulerSnapshot:
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     constrained_preemptions_total: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    spec_decode_num_forced_tokens: int = 0
 
 
 _HTTP_STATUS_BY_CODE = {
@@ -342,7 +347,13 @@ class SchedulerClient:
                 p.prefix_cache_hits) for p in r.partitions),
             prefix_cache_queries_total=r.prefix_cache_queries_total,
             prefix_cache_hits_total=r.prefix_cache_hits_total,
-            constrained_preemptions_total=r.constrained_preemptions_total)
+            constrained_preemptions_total=r.constrained_preemptions_total,
+            spec_decode_num_drafts=r.spec_decode_num_drafts,
+            spec_decode_num_draft_tokens=r.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens=r.spec_decode_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(
+                r.spec_decode_num_accepted_tokens_per_pos),
+            spec_decode_num_forced_tokens=r.spec_decode_num_forced_tokens)
 
     @staticmethod
     async def _unary(method, request, timeout_s: float):

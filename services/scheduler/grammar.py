@@ -24,6 +24,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from services.common.constraint_kind import ConstraintKind
+from services.scheduler.raw_string_guard import LengthGuard, TokenTexts
+from services.scheduler.raw_string_lift import LiftedSpec, lift_raw_string_limits
 
 # A mask with at most this many allowed tokens travels as an id list, otherwise as the bitmask.
 # Measured with bench/bench_grammar.py (V = 129,280; shared 2-core machine, best of 30):
@@ -59,6 +61,19 @@ class MaskRow:
     num_allowed: int
     allowed_token_ids: Optional[list[int]] = None   # ascending
     bitmask: Optional[bytes] = None                 # ceil(V/32) int32 words, little-endian
+
+
+@dataclass(frozen=True)
+class CompiledConstraint:
+    """A compiled grammar and the raw-string length limits lifted out of it before compiling
+    (raw_string_lift.py); its matchers enforce those limits themselves."""
+
+    grammar: Any                 # xgrammar.CompiledGrammar
+    lifted: LiftedSpec
+
+    @property
+    def memory_size_bytes(self) -> int:
+        return int(self.grammar.memory_size_bytes)
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,7 @@ class GrammarService:
         self._compile_total_s = 0.0
         self._compile_max_s = 0.0
         self._tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+        self._token_texts: Optional[TokenTexts] = None   # set with the compiler
         self._compiler = self._make_compiler(threads) if self._xgr is not None else None
 
     @property
@@ -114,7 +130,7 @@ class GrammarService:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def compile(self, kind: Union[ConstraintKind, str], spec: str) -> Any:
+    async def compile(self, kind: Union[ConstraintKind, str], spec: str) -> CompiledConstraint:
         """The compiled grammar for (kind, spec), from the cache or the thread pool.
 
         `kind` may also be the scheduler's lower-case name ("structural_tag", ...). Concurrent
@@ -140,11 +156,15 @@ class GrammarService:
         compiled, _ = await asyncio.shield(pending)
         return compiled
 
-    def matcher(self, compiled: Any) -> "RequestMatcher":
+    def matcher(self, compiled: CompiledConstraint) -> "RequestMatcher":
         assert self._xgr is not None
+        guard = None
+        if compiled.lifted.max_chars:
+            guard = LengthGuard(compiled.lifted.max_chars, compiled.lifted.invoke_names,
+                                self._token_texts)
         self.live_matchers += 1
-        return RequestMatcher(self._xgr, compiled, self._tokenizer, self.vocab_size,
-                              self.eos_token_id, self._matcher_released)
+        return RequestMatcher(self._xgr, compiled.grammar, self._tokenizer, self.vocab_size,
+                              self.eos_token_id, self._matcher_released, guard)
 
     def _matcher_released(self) -> None:
         self.live_matchers -= 1
@@ -158,22 +178,26 @@ class GrammarService:
                 encoded[token_id] = text
         info = xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=self.vocab_size,
                                  stop_token_ids=[self.eos_token_id], add_prefix_space=False)
+        # For the raw-string length guard (~0.2 s here, once, rather than in a request's compile).
+        self._token_texts = TokenTexts(info.decoded_vocab, self.vocab_size)
         # Our own cache keys on the spec text; XGrammar's would only duplicate it.
         return xgr.GrammarCompiler(info, max_threads=max(1, threads), cache_enabled=False)
 
-    def _compile_now(self, kind: ConstraintKind, spec: str) -> tuple[Any, float]:
+    def _compile_now(self, kind: ConstraintKind, spec: str) -> tuple[CompiledConstraint, float]:
         """Runs in the pool: (compiled grammar, seconds). Touches no service state."""
         started = time.perf_counter()
+        lifted = LiftedSpec(spec)
         try:
             if kind is ConstraintKind.STRUCTURAL_TAG:
-                compiled = self._compiler.compile_structural_tag(spec)
+                lifted = lift_raw_string_limits(spec)
+                compiled = self._compiler.compile_structural_tag(lifted.spec)
             else:
                 schema = JSON_OBJECT_SCHEMA if kind is ConstraintKind.JSON_OBJECT else spec
                 compiled = self._compiler.compile_json_schema(
                     schema, any_whitespace=True, max_whitespace_cnt=JSON_MAX_WHITESPACE)
         except Exception as exc:  # XGrammar raises RuntimeError/ValueError/pydantic errors
             raise GrammarCompileError(f"grammar compile failed: {_first_line(exc)}") from exc
-        return compiled, time.perf_counter() - started
+        return CompiledConstraint(compiled, lifted), time.perf_counter() - started
 
     def _store(self, key: tuple[int, str], done: asyncio.Future) -> None:
         """On the event loop when a compile ends: caches it and counts its time."""
@@ -185,7 +209,7 @@ class GrammarService:
         self._compile_total_s += elapsed
         self._compile_max_s = max(self._compile_max_s, elapsed)
         self._cache[key] = compiled
-        self._entry_bytes[key] = len(key[1]) + int(getattr(compiled, "memory_size_bytes", 0))
+        self._entry_bytes[key] = len(key[1]) + compiled.memory_size_bytes
         self.cache_bytes += self._entry_bytes[key]
         while len(self._cache) > self._cache_limit or (
                 self.cache_bytes > self._cache_bytes_limit and len(self._cache) > 1):
@@ -194,11 +218,21 @@ class GrammarService:
 
 
 class RequestMatcher:
-    """One request's grammar state. Not thread-safe: the step loop owns it."""
+    """One request's grammar state. Not thread-safe: the step loop owns it.
+
+    `guard` enforces the raw-string length limits lifted out of the grammar: it narrows every
+    mask, refuses what it would have masked, and rolls back with the matcher.
+    """
 
     def __init__(self, xgr: ModuleType, compiled: Any, tokenizer: Tokenizer, vocab_size: int,
-                 eos_token_id: int, on_release: Callable[[], None]) -> None:
+                 eos_token_id: int, on_release: Callable[[], None],
+                 guard: Optional[LengthGuard] = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
+        self._guard = guard
+        # Allowed-token count of the bitmask buffer while it holds the current position's mask:
+        # the fill at the end of `forced_tokens` is the next step's mask (one XGrammar fill per
+        # row and step instead of two).
+        self._filled_count: Optional[int] = None
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
@@ -212,7 +246,22 @@ class RequestMatcher:
         return MaskRow(count, bitmask=self._bitmask.numpy().astype("<i4", copy=False).tobytes())
 
     def accept(self, token_id: int) -> bool:
-        return bool(self._matcher.accept_token(token_id))
+        if self._guard is not None and not self._guard.allows(token_id):
+            return False
+        if not self._matcher.accept_token(token_id):
+            return False
+        self._filled_count = None
+        if self._guard is not None:
+            self._guard.advance(token_id)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last `num_tokens` accepted tokens (forced ones included); with a length
+        guard at most its MAX_ROLLBACK_TOKENS (checked before anything changes)."""
+        if self._guard is not None:
+            self._guard.rollback(num_tokens)
+        self._matcher.rollback(num_tokens)
+        self._filled_count = None
 
     def forced_tokens(self, limit: int) -> list[int]:
         """Tokens the grammar forces next, already accepted (EOS is never forced).
@@ -226,7 +275,7 @@ class RequestMatcher:
         while len(forced) < limit and not self._matcher.is_terminated():
             if self._fill_mask() == 1:
                 token = int(self._allowed_ids()[0])
-                if token == self._eos_token_id or not self._matcher.accept_token(token):
+                if token == self._eos_token_id or not self.accept(token):
                     break
                 forced.append(token)
             elif not self._accept_jump_forward(forced, limit):
@@ -251,7 +300,7 @@ class RequestMatcher:
         candidates = self._tokenizer.encode(text, add_special_tokens=False).ids[:-1]
         taken = 0
         for token in candidates:
-            if len(forced) >= limit or not self._matcher.accept_token(token):
+            if len(forced) >= limit or not self.accept(token):
                 break
             forced.append(token)
             taken += 1
@@ -259,8 +308,12 @@ class RequestMatcher:
 
     def _fill_mask(self) -> int:
         """Fills the bitmask buffer for the next position; returns the number of allowed tokens."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        return int(np.bitwise_count(self._words()).sum())
+        if self._filled_count is None:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            if self._guard is not None:
+                self._guard.restrict(self._words())
+            self._filled_count = int(np.bitwise_count(self._words()).sum())
+        return self._filled_count
 
     def _allowed_ids(self) -> np.ndarray:
         """Allowed token ids (ascending) of the filled bitmask."""

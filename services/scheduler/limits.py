@@ -1,9 +1,10 @@
 """The scheduler's limits (from the config and the workers' handshake) and its counters."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.scheduler.memory_pressure import ConstrainedPreemption
+from services.scheduler.speculation import SpecCounters, SpecPolicy
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class SchedulingLimits:
     stall_timeout_s: float
     eos_token_id: int
     constrained_preemption: ConstrainedPreemption = ConstrainedPreemption.WAIT
+    speculation: SpecPolicy = SpecPolicy()
 
 
 @dataclass
@@ -27,3 +29,4 @@ class SchedulerCounters:
     generation_tokens_total: int = 0
     prefix_cache_queries_total: int = 0  # tokens looked up when requests started
     prefix_cache_hits_total: int = 0     # tokens of those served from the cache
+    spec: SpecCounters = field(default_factory=SpecCounters)

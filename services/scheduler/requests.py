@@ -85,6 +85,16 @@ RequestEvent = Union[AdmittedEvent, TokensEvent, FinishedEvent, FailedEvent]
 EventSink = Callable[[RequestEvent], None]
 
 
+@dataclass
+class SpecStats:
+    """One request's speculation so far (the state RPC shows it)."""
+
+    verify_rows: int = 0        # rows that carried drafts
+    drafted_tokens: int = 0     # proposals verified by the target
+    accepted_tokens: int = 0    # of those, accepted
+    forced_tokens: int = 0      # grammar-forced drafts (accepted with their prefix)
+
+
 @dataclass(eq=False)
 class Request:
     """A live request. `seq_*` fields describe its current worker sequence (reset on preemption)."""
@@ -118,6 +128,11 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     # Positions of the current sequence that came from the prefix cache.
     num_cached_tokens: int = 0
+    # Speculative decoding (draft_window.py): the drafter's last proposals, for positions from
+    # `proposals_from` on; dropped whenever the sequence ends.
+    proposed_token_ids: list[int] = field(default_factory=list)
+    proposals_from: int = 0
+    spec: "SpecStats" = field(default_factory=lambda: SpecStats())
 
     @property
     def constrained(self) -> bool:
@@ -140,6 +155,10 @@ class Request:
         if start >= prompt_len:
             return self.output_token_ids[start - prompt_len:end - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt_len]
+
+    def clear_proposals(self) -> None:
+        self.proposed_token_ids = []
+        self.proposals_from = 0
 
     def release_matcher(self) -> None:
         if self.matcher is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Union
 
-from services.common.step_descriptors import StepPlan, StepResult, TokenMask
+from services.common.step_descriptors import ScheduledRow, StepPlan, StepResult, TokenMask
 from services.scheduler.errors import ErrorKind
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
@@ -29,6 +29,8 @@ from services.scheduler.partitions import PartitionQueues, choose_partition
 from services.scheduler.prefix_cache import PrefixCache, PrefixCachePolicy
 from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReason, Request,
                                          RequestPhase)
+from services.scheduler.speculation import (commit_verified_row, first_row, speculating,
+                                            speculative_row)
 from services.scheduler.step_rows import grammar_mask, new_sequence, scheduled_row
 from services.scheduler.token_commit import commit_sampled_token
 
@@ -128,12 +130,12 @@ class Scheduler:
             if num_new == 0:
                 blocked.append(request)
                 continue
-            mask = self._mask_or_fail(request, request.num_computed_tokens + num_new)
-            if mask is _FAILED:
+            row = self._row_or_fail(request, num_new, budget)
+            if row is None:
                 continue
-            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
+            plan.rows.append(row)
             scheduled.add(request.seq_id)
-            budget -= num_new
+            budget -= num_new + len(row.draft_token_ids)
         if not blocked and self.counters.preemptions_total == preemptions_before:
             budget = self._admit_waiting(queues, plan, budget)
         self._track_stall(queues, blocked,
@@ -195,7 +197,7 @@ class Scheduler:
             queues.waiting.popleft()
             self._start_sequence(queues, request, prefix)
             plan.new_sequences.append(new_sequence(request))
-            plan.rows.append(scheduled_row(self.kv, request, num_new, mask))
+            plan.rows.append(first_row(self.limits, self.kv, request, num_new, mask))
             budget -= num_new
         return budget
 
@@ -225,6 +227,20 @@ class Scheduler:
         request.num_known_tokens = request.num_tokens
         self._by_seq[seq_id] = request
         queues.running.append(request)
+
+    def _row_or_fail(self, request: Request, num_new: int, budget: int) -> Optional[ScheduledRow]:
+        """A running request's row (with its draft window when speculating); None when the
+        grammar raised (the request failed, the step goes on)."""
+        end = request.num_computed_tokens + num_new
+        if not speculating(self.limits, request, end):
+            mask = self._mask_or_fail(request, end)
+            return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask)
+        try:
+            return speculative_row(self.limits, self.kv, request, num_new, budget)
+        except Exception as error:  # a grammar bug must not take the batch down
+            self.fail(request, ErrorKind.INTERNAL,
+                      f"grammar mask failed for request {request.request_id}: {error}")
+            return None
 
     def _mask_or_fail(self, request: Request, end: int) -> Union[TokenMask, None, object]:
         """The grammar mask when this row (up to position `end`) samples for a constrained request
@@ -264,18 +280,29 @@ class Scheduler:
                 self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
                                                        f"{request.request_id}: {row_result.error}")
                 continue
-            request.num_computed_tokens += row.num_new_tokens
+            accepted = row_result.num_accepted_drafts if row_result is not None else 0
+            if accepted > len(row.draft_token_ids):
+                self.fail(request, ErrorKind.INTERNAL, f"worker accepted {accepted} of "
+                          f"{len(row.draft_token_ids)} drafts of request {request.request_id}")
+                continue
+            request.num_computed_tokens += row.num_new_tokens + accepted
+            request.num_known_tokens += accepted  # the worker appended the accepted drafts
             self.prefix.publish(request)  # the worker confirmed these positions
             if row.sample:
-                self._commit_sample(request, row_result)
+                self._commit_sample(request, row, row_result)
 
-    def _commit_sample(self, request: Request, row_result) -> None:
+    def _commit_sample(self, request: Request, row: ScheduledRow, row_result) -> None:
         if row_result is None or row_result.sampled_token_id is None:
             self.fail(request, ErrorKind.INTERNAL,
                       f"worker returned no sampled token for request {request.request_id}")
             return
         before = len(request.output_token_ids)
-        outcome = commit_sampled_token(request, row_result.sampled_token_id, self.limits)
+        if row.num_proposals or row.draft_token_ids:
+            outcome = commit_verified_row(request, row, row_result, self.limits,
+                                          self.counters.spec,
+                                          self.limits.speculation.grammar_forced_drafts)
+        else:
+            outcome = commit_sampled_token(request, row_result.sampled_token_id, self.limits)
         self.counters.generation_tokens_total += len(request.output_token_ids) - before
         if outcome.error is not None:
             self.fail(request, ErrorKind.INTERNAL, outcome.error)
@@ -299,11 +326,13 @@ class Scheduler:
                 and request in queues.waiting:
             queues.waiting.remove(request)
         request.release_matcher()
+        request.clear_proposals()
         request.phase = RequestPhase.FINISHED
 
     def _drop_sequence(self, request: Request) -> None:
         self.kv.free(request.seq_id)
         self._finished_seqs.append(request.seq_id)
         del self._by_seq[request.seq_id]
+        request.clear_proposals()
         request.seq_id = None
         request.num_computed_tokens = 0

@@ -75,7 +75,10 @@ def summary_to_proto(summary: RequestSummary) -> pb.RequestSummary:
         request_id=summary.request_id, phase=_PHASES[summary.phase],
         partition_id=summary.partition_id or 0, prompt_tokens=summary.prompt_tokens,
         computed_tokens=summary.computed_tokens, output_tokens=summary.output_tokens,
-        constrained=summary.constrained, cached_tokens=summary.cached_tokens)
+        constrained=summary.constrained, cached_tokens=summary.cached_tokens,
+        spec_verify_rows=summary.spec.verify_rows, spec_drafted_tokens=summary.spec.drafted_tokens,
+        spec_accepted_tokens=summary.spec.accepted_tokens,
+        spec_forced_tokens=summary.spec.forced_tokens)
 
 
 def state_to_proto(snapshot: SchedulerSnapshot,
@@ -97,7 +100,13 @@ def state_to_proto(snapshot: SchedulerSnapshot,
         prefix_caching_enabled=snapshot.prefix_caching_enabled,
         prefix_cache_queries_total=counters.prefix_cache_queries_total,
         prefix_cache_hits_total=counters.prefix_cache_hits_total,
-        constrained_preemptions_total=counters.constrained_preemptions_total)
+        constrained_preemptions_total=counters.constrained_preemptions_total,
+        spec_decode_num_drafts=counters.spec.num_drafts,
+        spec_decode_num_draft_tokens=counters.spec.num_draft_tokens,
+        spec_decode_num_accepted_tokens=counters.spec.num_accepted_tokens,
+        spec_decode_num_accepted_tokens_per_pos=counters.spec.accepted_per_pos,
+        spec_decode_num_forced_tokens=counters.spec.num_forced_tokens,
+        num_live_draft_states=snapshot.num_live_draft_states)
 
 
 def partition_to_proto(p: PartitionSnapshot) -> pb.PartitionUsage:

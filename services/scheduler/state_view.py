@@ -6,7 +6,7 @@ from typing import Any, Iterable, Optional
 
 from services.scheduler.kv_cache import BlockTable, GroupUsage, KvCacheManager
 from services.scheduler.prefix_cache import PrefixCacheStats
-from services.scheduler.requests import Request, RequestPhase
+from services.scheduler.requests import Request, RequestPhase, SpecStats
 from services.scheduler.limits import SchedulerCounters
 from services.scheduler.scheduler import Scheduler
 
@@ -21,6 +21,7 @@ class RequestSummary:
     output_tokens: int
     constrained: bool
     cached_tokens: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class SchedulerSnapshot:
     grammar_cache_entries: int
     requests: list[RequestSummary] = field(default_factory=list)
     prefix_caching_enabled: bool = False
+    num_live_draft_states: int = 0
 
     @staticmethod
     def build(scheduler: Optional[Scheduler], counters: SchedulerCounters,
@@ -65,17 +67,20 @@ class SchedulerSnapshot:
             num_live_matchers=grammar.live_matchers if grammar is not None else 0,
             num_constrained_running=sum(1 for r in running if r.constrained),
             partitions=partitions,
-            counters=SchedulerCounters(**vars(counters)),
+            counters=replace(counters, spec=replace(
+                counters.spec, accepted_per_pos=list(counters.spec.accepted_per_pos))),
             grammar_cache_entries=grammar.cache_entries if grammar is not None else 0,
             requests=[summarize(r) for r in live] if include_requests else [],
-            prefix_caching_enabled=scheduler is not None and scheduler.prefix.policy.enabled)
+            prefix_caching_enabled=scheduler is not None and scheduler.prefix.policy.enabled,
+            num_live_draft_states=sum(1 for r in live if r.proposed_token_ids))
 
 
 def summarize(request: Request) -> RequestSummary:
     return RequestSummary(request.request_id, request.phase, request.partition_id,
                           len(request.prompt_token_ids), request.num_computed_tokens,
                           len(request.output_token_ids), request.constrained,
-                          request.num_cached_tokens if request.seq_id is not None else 0)
+                          request.num_cached_tokens if request.seq_id is not None else 0,
+                          replace(request.spec))
 
 
 @dataclass(frozen=True)

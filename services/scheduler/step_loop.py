@@ -24,6 +24,7 @@ from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, 
                                          FinishReason, GenerateParams, Request, RequestPhase)
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.speculation import prefix_min_tokens, spec_policy
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
 from services.common.step_descriptors import StepPlan, StepResult
 from services.scheduler.worker_description import WorkerDescription
@@ -287,12 +288,13 @@ class StepLoop:
                                        description.max_num_batched_tokens),
             long_prefill_token_threshold=self._config.long_prefill_token_threshold,
             stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id,
-            constrained_preemption=ConstrainedPreemption(self._config.preempt_constrained))
+            constrained_preemption=ConstrainedPreemption(self._config.preempt_constrained),
+            speculation=spec_policy(self._config.speculative))
         prefix_policy = PrefixCachePolicy(
             enabled=self._config.enable_prefix_caching,
             root=root_hash(description.model_fingerprint, description.compute_dtype,
                            description.block_size),
-            min_tokens_to_compute=self._config.prefix_min_tokens_to_compute)
+            min_tokens_to_compute=prefix_min_tokens(self._config))
         self._scheduler = Scheduler(limits, kv, self._counters, prefix_policy=prefix_policy)
         self.not_ready_reason = ""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, TokenMask
+from services.scheduler.draft_window import NO_DRAFTS, DraftWindow, matcher_mask
 from services.scheduler.kv_cache import KvCacheManager
 from services.scheduler.requests import Request
 
@@ -20,11 +21,13 @@ def new_sequence(request: Request) -> NewSequence:
 
 
 def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
-                  mask: Optional[TokenMask]) -> ScheduledRow:
-    """Allocate the blocks of `num_new` more positions; the row carries every block the workers
-    do not know yet (a prefix hit's shared blocks in the sequence's first row)."""
+                  mask: Optional[TokenMask], window: DraftWindow = NO_DRAFTS,
+                  num_proposals: int = 0, allocate_to: int = 0) -> ScheduledRow:
+    """Allocate the blocks of `num_new` more positions (and the draft window's, up to
+    `allocate_to`); the row carries every block the workers do not know yet (a prefix hit's
+    shared blocks in the sequence's first row)."""
     start = request.num_computed_tokens
-    kv.allocate(request.seq_id, request.partition_id, start + num_new)
+    kv.allocate(request.seq_id, request.partition_id, max(start + num_new, allocate_to))
     blocks = tuple(GroupBlocks(group, first, tuple(ids))
                    for group, (first, ids) in kv.take_unsent(request.seq_id).items())
     append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
@@ -33,12 +36,11 @@ def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
         seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
         append_token_ids=tuple(append), new_blocks=blocks,
         sample=start + num_new == request.num_tokens, mask=mask,
-        partition_id=request.partition_id)
+        partition_id=request.partition_id, draft_token_ids=tuple(window.token_ids),
+        draft_forced=tuple(window.forced) if window.num_forced else (),
+        draft_masks=tuple(window.masks[1:]), num_proposals=num_proposals)
 
 
 def grammar_mask(request: Request) -> TokenMask:
     """The matcher's mask of the next token (raises what the matcher raises)."""
-    row = request.matcher.mask()
-    if row.allowed_token_ids is not None:
-        return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
-    return TokenMask(bitmask=bytes(row.bitmask))
+    return matcher_mask(request.matcher)

@@ -26,17 +26,38 @@ class CommitOutcome:
     error: Optional[str] = None  # the request must fail with INTERNAL
 
 
-def commit_sampled_token(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
-    """Commit, stream and stop-check; a matcher that raises fails only this request."""
+def commit_sampled_token(request: Request, token_id: int, limits: StopLimits,
+                         grammar_forced: bool = True) -> CommitOutcome:
+    """Commit, stream and stop-check; a matcher that raises fails only this request.
+    `grammar_forced` False (benchmarks only): no forced run after the token."""
     try:
-        return _commit(request, token_id, limits)
+        return _commit(request, token_id, limits, grammar_forced)
     except Exception as error:  # a grammar bug must not take the batch down
         request.grammar_status = f"error: {error}"
         return CommitOutcome(error=f"grammar failed on token {token_id} for request "
                                    f"{request.request_id}: {error}")
 
 
-def _commit(request: Request, token_id: int, limits: StopLimits) -> CommitOutcome:
+def commit_verified(request: Request, first_pos: int, token_ids: list[int],
+                    limits: StopLimits, grammar_forced: bool = True) -> CommitOutcome:
+    """Commit a verified window's accepted drafts and bonus token (`token_ids`, the first at
+    position `first_pos`) exactly as greedy decoding would have, one token at a time: a position a
+    forced run already committed must hold the same token, and the first that does not (a forced
+    run the window had to cut) ends the window there."""
+    for offset, token_id in enumerate(token_ids):
+        position = first_pos + offset
+        if position < request.num_tokens:
+            if request.tokens_in_range(position, position + 1) != [token_id]:
+                return CommitOutcome()
+            continue
+        outcome = commit_sampled_token(request, token_id, limits, grammar_forced)
+        if outcome.finish is not None or outcome.error is not None:
+            return outcome
+    return CommitOutcome()
+
+
+def _commit(request: Request, token_id: int, limits: StopLimits,
+            grammar_forced: bool) -> CommitOutcome:
     matcher = request.matcher
     if matcher is not None and not matcher.accept(token_id):
         request.grammar_status = f"error: refused token {token_id}"
@@ -49,7 +70,7 @@ def _commit(request: Request, token_id: int, limits: StopLimits) -> CommitOutcom
         return CommitOutcome(finish=FinishReason.STOP)
     new_tokens = [token_id]
     room = _room_left(request, limits)
-    if matcher is not None and room > 0 and not matcher.is_terminated():
+    if matcher is not None and grammar_forced and room > 0 and not matcher.is_terminated():
         forced = matcher.forced_tokens(room)
         request.output_token_ids.extend(forced)
         new_tokens.extend(forced)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import WorkerConfig
+from services.worker.speculation import check_speculation
 from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
 from services.worker.model.kv_cache import FAMILY_GROUPS, rows_per_block
@@ -80,10 +81,12 @@ def model_fingerprint(config_fingerprint: str, checkpoint_fingerprint: str) -> s
 
 def describe_model(config: WorkerConfig) -> ModelFacts:
     """Reads config.json and fingerprints the checkpoint (no weights loaded). Raises TopologyError
-    when --tp/--ep do not divide the model."""
+    when --tp/--ep do not divide the model, SpeculationError when --speculative-config cannot be
+    served."""
     model = ModelConfig.from_json_file(Path(config.model_dir) / "config.json")
     topology = config.topology
     check_topology(model, topology.dp, topology.tp, topology.ep)
+    check_speculation(config.speculative, model, topology)
     dtype_name = compute_dtype_name(config)
     cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
     num_blocks = blocks_per_group(config, cost.all_groups_block_bytes)

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol, Union
 
-import numpy as np
 import torch
 
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
-                                              StepPlan, StepResult, TokenMask)
+                                              StepPlan, StepResult)
 from services.worker.model.runtime import SequenceChunk, StepOutput
+from services.worker.row_masks import RowError, check_drafts, decode_token_mask
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,15 @@ class StepRuntime(Protocol):
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False) -> StepOutput: ...
 
+    def release(self, seq_id: int) -> None: ...
 
-class RowError(Exception):
-    """One row cannot run; the message goes back in that row's `RowResult.error`."""
+
+@dataclass(frozen=True)
+class RowOutcome:
+    token: Optional[int]          # the sampled (bonus) token
+    error: Optional[str]
+    num_accepted: int = 0         # draft tokens accepted before it
+    proposals: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -55,40 +61,6 @@ class SequenceState:
     num_computed_tokens: int
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-
-
-def decode_token_mask(
-    mask: TokenMask, vocab_size: int
-) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Returns `(allowed_token_ids int64 [n], None)` or `(None, token_bitmask int32 [ceil(V/32)])`.
-
-    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the
-    vocabulary, or the mask allows no token at all.
-    """
-    if mask.allowed_token_ids and mask.bitmask:
-        raise RowError("token mask sets both allowed_token_ids and bitmask")
-    if mask.bitmask:
-        return None, _decode_bitmask(mask.bitmask, vocab_size)
-    if not mask.allowed_token_ids:
-        raise RowError("token mask allows no token")
-    largest = max(mask.allowed_token_ids)
-    if largest >= vocab_size:
-        raise RowError(f"token mask allows id {largest}, vocabulary has {vocab_size} tokens")
-    return torch.tensor(mask.allowed_token_ids, dtype=torch.int64), None
-
-
-def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
-    num_words = (vocab_size + 31) // 32
-    if len(data) != 4 * num_words:
-        raise RowError(f"token bitmask has {len(data)} bytes, expected {4 * num_words} "
-                       f"(ceil({vocab_size}/32) int32 words)")
-    words = np.frombuffer(data, dtype="<i4").astype(np.int32)
-    # Bits past the vocabulary in the last word allow nothing real.
-    tail_bits = vocab_size - 32 * (num_words - 1)
-    last_word = int(words[-1]) & ((1 << tail_bits) - 1)
-    if last_word == 0 and not words[:-1].any():
-        raise RowError("token mask allows no token")
-    return torch.from_numpy(words)
 
 
 class PartitionExecutor:
@@ -143,15 +115,27 @@ class PartitionExecutor:
                               sample=self._answers)
         self._runtime.step([chunk])
 
-    def _run(self, chunks: list[SequenceChunk]) -> list[tuple[Optional[int], Optional[str]]]:
-        """(sampled token, sampling error) per chunk."""
+    def _run(self, chunks: list[SequenceChunk]) -> list[RowOutcome]:
+        """What the runtime made of each chunk; accepted drafts join the sequence's tokens."""
         output = self._runtime.step(chunks)
-        errors = output.errors or [None] * len(chunks)
-        return list(zip(output.sampled, errors))
+        n = len(chunks)
+        outcomes = [RowOutcome(token, error, accepted, proposals) for token, error, accepted, proposals
+                    in zip(output.sampled, output.errors or [None] * n,
+                           output.num_accepted or [0] * n, output.proposals or [[]] * n)]
+        for chunk, outcome in zip(chunks, outcomes):
+            if chunk.num_drafts and outcome.token is not None:
+                self._commit_drafts(chunk, outcome.num_accepted)
+        return outcomes
+
+    def _commit_drafts(self, chunk: SequenceChunk, num_accepted: int) -> None:
+        state = self._sequences[chunk.seq_id]
+        state.token_ids.extend(chunk.token_ids[chunk.num_known:chunk.num_known + num_accepted])
+        state.num_computed_tokens += num_accepted
 
     def _drop(self, seq_id: int) -> None:
         # Unknown ids are fine: a sequence whose NewSequence was rejected still gets finished.
-        self._sequences.pop(seq_id, None)
+        if self._sequences.pop(seq_id, None) is not None:
+            self._runtime.release(seq_id)
 
     def _admit(self, new_sequences: list[NewSequence]) -> dict[int, str]:
         """Registers new sequences; returns the rejected ones' errors, reported on their rows."""
@@ -212,6 +196,8 @@ class PartitionExecutor:
         self._validate(row, state)
         allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
                             if row.sample and row.mask is not None else (None, None))
+        draft_masks = [decode_token_mask(mask, self._limits.vocab_size)
+                       for mask in row.draft_masks]
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         state.token_ids.extend(row.append_token_ids)
         for blocks in row.new_blocks:
@@ -220,12 +206,15 @@ class PartitionExecutor:
             table.extend(blocks.block_ids)
         state.num_computed_tokens = end
         return SequenceChunk(seq_id=row.seq_id, start_pos=start,
-                             token_ids=state.token_ids[start:end],
+                             token_ids=state.token_ids[start:end] + list(row.draft_token_ids),
                              block_tables={group: list(table)
                                            for group, table in state.block_tables.items()},
                              sample=row.sample and self._answers, allowed_token_ids=allowed,
                              token_bitmask=bitmask,
-                             logit_bias=state.logit_bias if row.sample else None)
+                             logit_bias=state.logit_bias if row.sample else None,
+                             num_drafts=len(row.draft_token_ids),
+                             draft_forced=list(row.draft_forced), draft_masks=draft_masks,
+                             num_proposals=row.num_proposals if self._answers else 0)
 
     def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
@@ -235,6 +224,8 @@ class PartitionExecutor:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
+        self._check_token_ids(row.draft_token_ids, "draft")
+        check_drafts(row)
         known = len(state.token_ids) + len(row.append_token_ids)
         if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
@@ -244,7 +235,8 @@ class PartitionExecutor:
             self._check_new_blocks(blocks, state, new_by_group)
             new_by_group[blocks.group] = blocks
         for group, table in state.block_tables.items():
-            self._check_table_length(group, table, new_by_group.get(group), end)
+            self._check_table_length(group, table, new_by_group.get(group),
+                                     end + len(row.draft_token_ids))
 
     def _check_new_blocks(self, blocks: GroupBlocks, state: SequenceState,
                           seen: dict[str, GroupBlocks]) -> None:
@@ -271,17 +263,20 @@ class PartitionExecutor:
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],
-                     outcomes: Iterator[tuple[Optional[int], Optional[str]]]) -> list[RowResult]:
-        """`outcomes` yields the runtime's (token, error) in chunk order, one per prepared row."""
+                     outcomes: Iterator[RowOutcome]) -> list[RowResult]:
+        """`outcomes` yields the runtime's outcome in chunk order, one per prepared row."""
         results: list[RowResult] = []
         for row, item in zip(rows, prepared):
             if isinstance(item, RowError):
                 results.append(RowResult(row.seq_id, error=str(item)))
                 continue
-            token, error = next(outcomes)
-            if error:
-                results.append(RowResult(row.seq_id, error=error))
+            outcome = next(outcomes)
+            if outcome.error:
+                results.append(RowResult(row.seq_id, error=outcome.error))
             elif row.sample:
-                results.append(RowResult(row.seq_id, sampled_token_id=token) if token is not None
+                results.append(RowResult(row.seq_id, sampled_token_id=outcome.token,
+                                         num_accepted_drafts=outcome.num_accepted,
+                                         proposed_token_ids=tuple(outcome.proposals))
+                               if outcome.token is not None
                                else RowResult(row.seq_id, error="the runtime sampled no token"))
         return results

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from services.common.config import SpeculativeConfig
 from services.common.step_descriptors import StepPlan
 from services.worker.executor import PartitionLimits
 from services.worker.model.parallel import ParallelLayout
@@ -32,6 +33,7 @@ class RankSpec:
     # alone); None: wait for a JoinWorld command.
     join_round: Optional[int] = None
     collective_timeout_s: float = 120.0
+    speculative: Optional[SpeculativeConfig] = None  # the drafter the rank builds
 
     @property
     def rank(self) -> int:

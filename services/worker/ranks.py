@@ -60,10 +60,14 @@ class ModelRuntimeFactory:
     def build(self, spec: RankSpec, collectives: Collectives) -> StepRuntime:
         from services.worker.model.runtime import ModelRuntime, RuntimeConfig
 
-        return ModelRuntime(RuntimeConfig(
+        from services.worker.speculation import make_drafter
+
+        runtime = ModelRuntime(RuntimeConfig(
             model_dir=spec.model_dir, dtype=getattr(torch, spec.dtype), device=spec.device,
             block_size=spec.limits.block_size, num_blocks=spec.limits.num_blocks),
             spec.layout, collectives)
+        runtime.drafter = make_drafter(spec.speculative, runtime, spec.layout)
+        return runtime
 
 
 class RankGroupError(Exception):
@@ -325,7 +329,8 @@ def rank_specs(config: WorkerConfig, facts: ModelFacts) -> list[RankSpec]:
                               device=f"cuda:{device_index}" if on_cuda else "cpu",
                               store_host=store_address(config).host, store_port=0,
                               model_dir=config.model_dir, dtype=facts.compute_dtype,
-                              limits=limits, torch_threads=config.torch_threads))
+                              limits=limits, torch_threads=config.torch_threads,
+                              speculative=config.speculative))
     return specs
 
 

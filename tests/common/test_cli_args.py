@@ -96,9 +96,22 @@ class TestStartupErrorsNameTheFlag:
         assert "--ep 2" in err and "= 4" in err
 
     def test_dspark_accepts_dp_tp_with_ep_equal_to_world(self) -> None:
-        argv = ["--model", str(MODEL), "--dp", "2", "--tp", "2", "--ep", "4", "--speculative-config", DSPARK_K7]
+        argv = ["--model", str(MODEL), "--dp", "2", "--tp", "2", "--ep", "4", "--speculative-config",
+                '{"method":"dspark","num_speculative_tokens":0}']
         worker = cli_args.parse_worker_args(argv, environ={}, default_model_dir=no_default_model)
         assert worker.topology.world_size == 4
+
+    def test_mtp_speculation_is_accepted_with_k_in_range(self) -> None:
+        argv = ["--model", str(MODEL), "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}']
+        worker = cli_args.parse_worker_args(argv, environ={}, default_model_dir=no_default_model)
+        assert worker.speculative == SpeculativeConfig("mtp", 3)
+
+    @pytest.mark.parametrize("spec", ['{"method":"mtp","num_speculative_tokens":5}',
+                                      '{"method":"dspark","num_speculative_tokens":16}',
+                                      '{"method":"mtp","num_speculative_tokens":-1}'])
+    def test_k_out_of_range_is_a_startup_error(self, capsys: pytest.CaptureFixture[str], spec: str) -> None:
+        err = parse_error(capsys, cli_args.parse_worker_args, ["--speculative-config", spec])
+        assert "argument --speculative-config" in err and "num_speculative_tokens" in err
 
     def test_dspark_needs_block_size_32(self, capsys: pytest.CaptureFixture[str]) -> None:
         argv = ["--block-size", "16", "--speculative-config", DSPARK_K7]
@@ -234,18 +247,15 @@ class TestChildArgvRoundTrip:
         assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
 
 
-def test_accepted_but_unimplemented_operator_flags_are_named_in_warnings(caplog) -> None:
-    """DSpark speculation is accepted for the operators' command line, but this release does not
-    act on it yet: it says so in a warning instead of pretending. Prefix caching is implemented:
-    no warning."""
+def test_speculation_and_prefix_caching_flags_warn_nothing(caplog) -> None:
+    """Both are implemented: accepting them says nothing."""
     from services.common.cli_args import parse_scheduler_args
 
     with caplog.at_level("WARNING"):
         parse_scheduler_args(["--model", "/tmp", "--enable-prefix-caching", "--speculative-config",
                               '{"method":"dspark","num_speculative_tokens":7}'])
-    text = caplog.text
-    assert "--enable-prefix-caching" not in text
-    assert "--speculative-config" in text and "K=0" in text
+    assert "--enable-prefix-caching" not in caplog.text
+    assert "--speculative-config" not in caplog.text
 
 
 class TestOpsFlags:

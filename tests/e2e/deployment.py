@@ -4,27 +4,27 @@ and restart one worker."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
-from tests.e2e.helpers import REPO_ROOT, free_port, health_status, wait_for
+from tests.e2e.helpers import ServiceProcesses, free_port, health_status, wait_for
 
 NAME = "dsv4-ep16-e2e"
 READY_TIMEOUT_S = float(os.environ.get("DSV4SERVE_E2E_STARTUP_TIMEOUT", "240")) + 120
 
 
-class Deployment:
+class Deployment(ServiceProcesses):
+    stop_timeout_s = 60.0
+
     def __init__(self, model_dir: Path, log_dir: Path, topology: tuple[str, ...],
                  worker_ranks: tuple[str, ...], extra: tuple[str, ...] = ()) -> None:
-        self.model_dir, self.log_dir = model_dir, log_dir
+        super().__init__(log_dir)
+        self.model_dir = model_dir
         self.topology, self.worker_ranks, self.extra = topology, worker_ranks, extra
         self.worker_ports = [free_port() for _ in worker_ranks]
         self.scheduler_port, self.frontend_port, self.store_port = (free_port() for _ in range(3))
-        self.processes: dict[str, subprocess.Popen] = {}
         self.base_url = f"http://127.0.0.1:{self.frontend_port}"
         self.scheduler_address = f"127.0.0.1:{self.scheduler_port}"
 
@@ -57,30 +57,6 @@ class Deployment:
         with httpx.Client(base_url=self.base_url, trust_env=False) as http:
             return bool(wait_for(lambda: health_status(http) == status, timeout_s, 0.2))
 
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.kill()
-        process.wait()
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.processes.clear()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
-                         for log in sorted(self.log_dir.glob("*.log")))
-
     def _start(self, name: str, service: str, args: list[str]) -> None:
-        log = (self.log_dir / f"{name}.log").open("ab")
-        command = [sys.executable, "-m", "services.cli", service, "--model", str(self.model_dir),
-                   "--host", "127.0.0.1", *args]
-        self.processes[name] = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log,
-                                                stderr=subprocess.STDOUT,
-                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.spawn(name, [sys.executable, "-m", "services.cli", service, "--model", str(self.model_dir),
+                          "--host", "127.0.0.1", *args])

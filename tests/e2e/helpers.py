@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import httpx
 import pytest
@@ -80,15 +80,50 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Services:
+class ServiceProcesses:
+    """Named `dsv4serve` service processes logging to `log_dir`: start, kill one, stop all."""
+
+    stop_timeout_s = 30.0
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, name: str, command: list[str], extra_env: Optional[dict[str, str]] = None) -> None:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                                env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                     **(extra_env or {})})
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.kill()
+        process.wait()
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
+                         for log in sorted(self.log_dir.glob("*.log")))
+
+
+class Services(ServiceProcesses):
     """worker, scheduler and frontend as separate `python -m services.<name>` processes on free ports,
     so a test can kill, restart or change the environment of one of them."""
 
     def __init__(self, model_dir: Path, log_dir: Path) -> None:
+        super().__init__(log_dir)
         self.model_dir = model_dir
-        self.log_dir = log_dir
         self.worker_port, self.scheduler_port, self.frontend_port = (free_port() for _ in range(3))
-        self.processes: dict[str, subprocess.Popen] = {}
         self.extra_env: dict[str, dict[str, str]] = {}
         self.base_url = f"http://127.0.0.1:{self.frontend_port}"
 
@@ -101,11 +136,8 @@ class Services:
             "frontend": ["--port", str(self.frontend_port), "--served-model-name", NAME,
                          "--scheduler", f"127.0.0.1:{self.scheduler_port}"],
         }[name]
-        log = (self.log_dir / f"{name}.log").open("ab")
-        self.processes[name] = subprocess.Popen([sys.executable, "-m", f"services.{name}", *common, *args],
-                                                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                                     **self.extra_env.get(name, {})})
+        self.spawn(name, [sys.executable, "-m", f"services.{name}", *common, *args],
+                   self.extra_env.get(name))
 
     def __enter__(self) -> "Services":
         try:
@@ -118,26 +150,6 @@ class Services:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
-
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.kill()
-        process.wait()
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}"
-                         for log in sorted(self.log_dir.glob("*.log")))
-
 
 def health_status(http: httpx.Client) -> int:
     """The frontend's /health status code, 0 when it does not answer."""

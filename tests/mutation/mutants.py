@@ -2,7 +2,7 @@
 
 Each mutant is a text patch (exact `old` → `new` snippets, each `old` found exactly once) applied to
 a temporary copy of the working tree (tracked and untracked, non-ignored files); the mutant's named
-tests then run in that copy with `-m "not slow"`. A mutant is CAUGHT when a test fails, MISSED when
+tests then run in that copy with `-m "not slow"` (slow ones too where the mutant says so). A mutant is CAUGHT when a test fails, MISSED when
 they all pass (or skip), STALE when its anchor text is no longer in the file (update the mutant), and
 ERROR on any other pytest outcome. Before any mutant, the unmutated copy must pass the same tests.
 
@@ -37,6 +37,7 @@ CONSTRAINT_TESTS = ("tests/frontend/test_constraints.py", "tests/frontend/test_c
 SAMPLING_TESTS = ("tests/worker/test_sampling.py", "tests/worker/test_masked_argmax.py",
                   "tests/worker_service/test_executor.py")
 PREFIX_TESTS = ("tests/scheduler/test_block_pool.py", "tests/scheduler/test_prefix_caching.py")
+LAYOUT_TESTS = ("tests/worker/test_parallel_layouts.py::test_layout_gives_the_single_rank_tokens_and_logits",)
 RESUME_TESTS = ("tests/worker/test_prefix_resume.py", "tests/worker/test_paging.py")
 
 
@@ -47,6 +48,7 @@ class Mutant:
     path: str
     hunks: tuple[tuple[str, str], ...]   # (old, new); each old occurs exactly once in path
     tests: tuple[str, ...]
+    include_slow: bool = False           # run the tests marked slow too (multi-process layouts)
 
 
 BOOLEANS_TO_EMPTY = '''
@@ -138,6 +140,17 @@ MUTANTS = (
            (("last_tokens = (torch.arange(count, device=block_table.device) + first_entry + 1) * ratio - 1",
              "last_tokens = (torch.arange(count, device=block_table.device) + first_entry) * ratio"),),
            RESUME_TESTS),
+    Mutant("ep-output-offset", "a TP rank that did not contribute its group's tokens reads the "
+           "reduced expert outputs at its own EP index, not its contributor's",
+           "services/worker/model/collectives.py",
+           (("        self._own_offset = sum(self._counts[:contributor_index])\n",
+             "        self._own_offset = sum(self._counts[:layout.ep_rank])\n"),),
+           LAYOUT_TESTS, include_slow=True),
+    Mutant("tp-concat-order", "TP all-gather pieces concatenated in reverse rank order",
+           "services/worker/model/collectives.py",
+           (("        return torch.cat(pieces, dim=-1).to(x.dtype)\n",
+             "        return torch.cat(pieces[::-1], dim=-1).to(x.dtype)\n"),),
+           LAYOUT_TESTS, include_slow=True),
     Mutant("generator-drift", "tiny checkpoint generator seeded differently",
            "services/worker/model/tiny_checkpoint.py",
            (("    generator.manual_seed(seed)\n", "    generator.manual_seed(seed + 1)\n"),),
@@ -164,8 +177,10 @@ def scratch_env(copy: Path, shared: Optional[Path]) -> dict[str, str]:
     return env
 
 
-def run_tests(copy: Path, tests: tuple[str, ...], env: dict[str, str]) -> tuple[int, str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-rfE",
+def run_tests(copy: Path, tests: tuple[str, ...], env: dict[str, str],
+              include_slow: bool) -> tuple[int, str]:
+    markers = [] if include_slow else ["-m", "not slow"]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", *markers, "-rfE",
                "-p", "no:cacheprovider", *tests]
     done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)
@@ -205,7 +220,7 @@ def check_mode(mutants: list[Mutant], shared: Optional[Path], label: str) -> dic
         if not where.startswith(str(copy)):
             raise SystemExit(f"the copy imports services from {where.strip()!r}, not {copy}")
         tests = tuple(dict.fromkeys(t for mutant in mutants for t in mutant.tests))
-        returncode, output = run_tests(copy, tests, env)
+        returncode, output = run_tests(copy, tests, env, any(m.include_slow for m in mutants))
         if returncode != 0:
             raise SystemExit(f"baseline ({label}) does not pass; fix that first:\n{output[-3000:]}")
         results = {}
@@ -215,7 +230,7 @@ def check_mode(mutants: list[Mutant], shared: Optional[Path], label: str) -> dic
                 results[mutant.id] = "STALE (anchor text not found)"
                 continue
             try:
-                results[mutant.id] = verdict(*run_tests(copy, mutant.tests, env))
+                results[mutant.id] = verdict(*run_tests(copy, mutant.tests, env, mutant.include_slow))
             finally:
                 (copy / mutant.path).write_text(original, encoding="utf-8")
             print(f"  [{label}] {mutant.id}: {results[mutant.id]}", flush=True)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.worker.executor import RowError, TokenMask, decode_token_mask
+from services.common.step_descriptors import TokenMask
+from services.worker.row_masks import RowError, decode_token_mask
 from services.worker.model.sampling import NoAllowedToken, greedy_sample
 
 # Vocabulary sizes around word boundaries: one partial word, exact words, a partial last word.

@@ -69,6 +69,9 @@ class FakeRuntime:
         return StepOutput(sampled=sampled, logits=[None] * len(chunks),
                           errors=[error] * len(chunks))
 
+    def release(self, seq_id: int) -> None:
+        pass
+
 
 @dataclass(frozen=True)
 class FakeRuntimeFactory:

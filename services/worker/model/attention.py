@@ -60,34 +60,39 @@ class AttentionLayer:
             self.index_spec = CompressorSpec(prefix + "indexer.compressor.", 4,
                                              config.index_head_dim, rd, rotate=True)
 
-    # ---- projections (all rows of the step) ---------------------------------------------------
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False
-              ) -> torch.Tensor:
+    # ---- projections (all rows of the step; public for the DSpark draft stages) ----------------
+    def rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False
+             ) -> torch.Tensor:
         rot = numerics.rope_table(self.inv_freq, positions)
         return numerics.apply_rope(x, rot, self.config.qk_rope_head_dim, inverse)
 
-    def _queries_and_kv(self, y: torch.Tensor, positions: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def queries(self, y: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """y [T, D] → (q_norm(wq_a(y)) [T, q_lora], per-head normalised roped q [T, H, d])."""
         cfg, w, p = self.config, self.w, self.prefix
-        eps, rd = cfg.rms_norm_eps, cfg.qk_rope_head_dim
+        eps = cfg.rms_norm_eps
         qr = numerics.rms_norm(numerics.linear(y, w[p + "wq_a.weight"]), w[p + "q_norm.weight"],
                                eps)
         q = numerics.linear(qr, w[p + "wq_b.weight"])
         q = q.view(-1, self.num_heads, cfg.head_dim)
-        q = self._rope(numerics.rms_norm(q, None, eps), positions)
+        return qr, self.rope(numerics.rms_norm(q, None, eps), positions)
+
+    def kv(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """y [T, D] → the shared key/value vector [T, d]: wkv, kv_norm, RoPE, FP8 round trip."""
+        cfg, w, p = self.config, self.w, self.prefix
+        rd = cfg.qk_rope_head_dim
         kv = numerics.rms_norm(numerics.linear(y, w[p + "wkv.weight"]), w[p + "kv_norm.weight"],
-                               eps)
-        kv = self._rope(kv, positions)
+                               cfg.rms_norm_eps)
+        kv = self.rope(kv, positions)
         # QAT: the non-rope dims go through an FP8 round trip (blocks of 64).
-        kv = torch.cat([numerics.fp8_round_trip(kv[:, :-rd], 64), kv[:, -rd:]], dim=-1)
-        return qr, q, kv
+        return torch.cat([numerics.fp8_round_trip(kv[:, :-rd], 64), kv[:, -rd:]], dim=-1)
 
     def _index_queries(self, y: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, w, p = self.config, self.w, self.prefix + "indexer."
         q = numerics.linear(qr, w[p + "wq_b.weight"])
         q = q.view(-1, cfg.index_n_heads, cfg.index_head_dim)
-        q = numerics.fp4_round_trip(numerics.hadamard_rotate(self._rope(q, positions)), 32)
+        q = numerics.fp4_round_trip(numerics.hadamard_rotate(self.rope(q, positions)), 32)
         head_weights = numerics.linear(y, w[p + "weights_proj.weight"]) * (
             cfg.index_head_dim ** -0.5 * cfg.index_n_heads ** -0.5)
         return q, head_weights
@@ -98,7 +103,8 @@ class AttentionLayer:
         completed entries into `cache`."""
         cfg, w, p = self.config, self.w, self.prefix
         positions = batch.positions
-        qr, q, kv = self._queries_and_kv(y, positions)
+        qr, q = self.queries(y, positions)
+        kv = self.kv(y, positions)
         projected = {}
         if self.kv_spec is not None:
             projected["kv"] = compressor.project(self.kv_spec, w, y, positions)
@@ -122,11 +128,11 @@ class AttentionLayer:
                                           rows, cache, cache.index_keys[self.layer_id])
                     cmp_keys, cmp_counts = self._select(index_q[rows], index_w[rows], keys,
                                                         entries, cmp_counts)
-            out[rows] = _attend(q[rows], window_keys, window_mask, cmp_keys, cmp_counts,
-                                w[p + "attn_sink"], cfg.head_dim ** -0.5)
-        return self._output(self._rope(out, positions, inverse=True))
+            out[rows] = attend(q[rows], window_keys, window_mask, cmp_keys, cmp_counts,
+                               w[p + "attn_sink"], cfg.head_dim ** -0.5)
+        return self.output(self.rope(out, positions, inverse=True))
 
-    def _output(self, o: torch.Tensor) -> torch.Tensor:
+    def output(self, o: torch.Tensor) -> torch.Tensor:
         """Grouped low-rank projection: heads split into o_groups contiguous groups, each through
         its slice of wo_a, concatenated (over the TP ranks' groups), then wo_b (this rank's output
         rows, concatenated over the TP ranks). o [T, H_local, d] → [T, D]."""
@@ -198,9 +204,9 @@ class AttentionLayer:
         return entries[chosen], n_visible.clamp(max=topk)
 
 
-def _attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tensor,
-            cmp_keys: torch.Tensor, cmp_counts: torch.Tensor, sink: torch.Tensor, scale: float
-            ) -> torch.Tensor:
+def attend(q: torch.Tensor, window_keys: torch.Tensor, window_mask: torch.Tensor,
+           cmp_keys: torch.Tensor, cmp_counts: torch.Tensor, sink: torch.Tensor, scale: float
+           ) -> torch.Tensor:
     """q [L, H, d]; window keys [L, W, d] with mask [L, W]; compressed keys [L, n, d] of which
     query l sees the first cmp_counts[l].
 

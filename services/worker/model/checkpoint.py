@@ -136,7 +136,7 @@ class CheckpointReader:
         for name, spec in expected.items():
             if name not in self._stored:
                 raise CheckpointError(f"checkpoint {self.model_dir}: tensor {name!r} is missing "
-                                      f"(no shard holds it)")
+                                      f"(no shard holds it){_dspark_hint(config, name)}")
             actual = self.stored_spec(name)
             if not _storage_matches(name, spec, actual):
                 raise CheckpointError(
@@ -273,6 +273,13 @@ def _storage_matches(name: str, expected: TensorSpec, actual: TensorSpec) -> boo
     if name.endswith(SCALE_SUFFIX):
         return actual.dtype in _SCALE_STORAGE
     return actual.dtype == expected.dtype
+
+
+def _dspark_hint(config: ModelConfig, name: str) -> str:
+    if not (config.has_dspark and name.startswith("mtp.")):
+        return ""
+    return (f"; config.json's dspark_target_layer_ids {list(config.dspark_target_layer_ids)} asks "
+            f"for a DSpark draft, whose stages need it")
 
 
 def _describe(native: str, entry: _Stored) -> str:

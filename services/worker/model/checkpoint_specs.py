@@ -24,10 +24,8 @@ class TensorSpec:
 
 
 def expected_tensors(config: ModelConfig) -> dict[str, TensorSpec]:
-    """Every tensor of the checkpoint (native names, storage dtypes), MTP blocks included.
-
-    DSpark-only extras (`main_proj`, Markov and confidence heads) are not listed.
-    """
+    """Every tensor of the checkpoint (native names, storage dtypes), MTP blocks or DSpark draft
+    stages included."""
     specs: dict[str, TensorSpec] = {}
     dim, vocab, hc = config.hidden_size, config.vocab_size, config.hc_mult
     specs["embed.weight"] = TensorSpec((vocab, dim), torch.bfloat16)
@@ -36,6 +34,9 @@ def expected_tensors(config: ModelConfig) -> dict[str, TensorSpec]:
     specs["norm.weight"] = TensorSpec((dim,), torch.bfloat16)
     _hc_specs(specs, "hc_head", hc, hc * dim, 1)
     specs["head.weight"] = TensorSpec((vocab, dim), torch.bfloat16)
+    if config.has_dspark:
+        _dspark_specs(specs, config)
+        return specs
     for mtp_id in range(config.num_mtp_layers):
         prefix = f"mtp.{mtp_id}."
         _linear_specs(specs, config, prefix + "e_proj", dim, dim)
@@ -45,6 +46,28 @@ def expected_tensors(config: ModelConfig) -> dict[str, TensorSpec]:
         _hc_specs(specs, prefix + "hc_head", hc, hc * dim, 1)
         _block_specs(specs, config, prefix, config.num_hidden_layers + mtp_id)
     return specs
+
+
+def _dspark_specs(specs: dict[str, TensorSpec], config: ModelConfig) -> None:
+    """DSpark draft stages `mtp.0 .. mtp.{S-1}` (SGLang's `DeepseekV4ForCausalLMDSpark` names):
+    each a full block; the first adds `main_proj` (S·D → D, FP8 like the other projections) and
+    `main_norm`; the last adds the head's `norm` and `hc_head_*`, the Markov head (`markov_w1`
+    embedding bf16, `markov_w2` fp32) and the bias-free confidence head (fp32) over (hidden ⊕
+    markov_w1[prev]). Embedding and output head are the target's."""
+    dim, hc, rank = config.hidden_size, config.hc_mult, config.dspark_markov_rank
+    stages = config.num_mtp_layers
+    for stage in range(stages):
+        _block_specs(specs, config, f"mtp.{stage}.", config.num_hidden_layers + stage)
+    _linear_specs(specs, config, "mtp.0.main_proj", dim, stages * dim)
+    specs["mtp.0.main_norm.weight"] = TensorSpec((dim,), torch.bfloat16)
+    last = f"mtp.{stages - 1}."
+    specs[last + "norm.weight"] = TensorSpec((dim,), torch.bfloat16)
+    _hc_specs(specs, last + "hc_head", hc, hc * dim, 1)
+    specs[last + "markov_head.markov_w1.weight"] = TensorSpec((config.vocab_size, rank),
+                                                              torch.bfloat16)
+    specs[last + "markov_head.markov_w2.weight"] = TensorSpec((config.vocab_size, rank),
+                                                              torch.float32)
+    specs[last + "confidence_head.proj.weight"] = TensorSpec((1, dim + rank), torch.float32)
 
 
 def _block_specs(specs: dict[str, TensorSpec], config: ModelConfig, prefix: str,

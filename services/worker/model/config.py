@@ -116,7 +116,16 @@ class ModelConfig:
     @property
     def num_mtp_layers(self) -> int:
         """Blocks stored under `mtp.N.`: the DSpark draft stages, else the MTP layers."""
-        return self.n_mtp_layers if self.n_mtp_layers is not None else self.num_nextn_predict_layers
+        if self.n_mtp_layers is not None:
+            return self.n_mtp_layers
+        if self.dspark_target_layer_ids is not None:
+            return len(self.dspark_target_layer_ids)
+        return self.num_nextn_predict_layers
+
+    @property
+    def has_dspark(self) -> bool:
+        """The checkpoint carries a DSpark draft: its `mtp.N.` blocks are draft stages."""
+        return self.dspark_target_layer_ids is not None
 
     @property
     def num_layers_total(self) -> int:
@@ -171,6 +180,8 @@ _FLOAT_FIELDS = (
 _OPTIONAL_INT_FIELDS = (
     "dspark_block_size", "dspark_noise_token_id", "dspark_markov_rank", "n_mtp_layers",
 )
+_DSPARK_FIELDS = ("dspark_target_layer_ids", "dspark_noise_token_id", "dspark_markov_rank",
+                  "dspark_block_size")
 
 
 def _parse_fields(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -307,6 +318,32 @@ def _validate(config: ModelConfig) -> None:
     _check(0 <= config.bos_token_id < config.vocab_size, "bos_token_id", "outside the vocabulary")
     _check(0 <= config.eos_token_id < config.vocab_size, "eos_token_id", "outside the vocabulary")
     _validate_expert_dtype(config)
+    _validate_dspark(config)
+
+
+def _validate_dspark(config: ModelConfig) -> None:
+    """A DSpark draft needs all of its fields: one SWA stage per distinct target layer."""
+    given = [name for name in _DSPARK_FIELDS if getattr(config, name) is not None]
+    if not given:
+        return
+    for name in _DSPARK_FIELDS:
+        _check(getattr(config, name) is not None, name,
+               f"required with {given[0]} (a DSpark draft needs every dspark_* field)")
+    targets = config.dspark_target_layer_ids
+    _check(len(targets) > 0 and len(set(targets)) == len(targets), "dspark_target_layer_ids",
+           f"must be distinct layer ids, got {list(targets)}")
+    _check(all(0 <= t < config.num_hidden_layers for t in targets), "dspark_target_layer_ids",
+           f"{list(targets)} must lie in [0, num_hidden_layers = {config.num_hidden_layers})")
+    _check(config.num_mtp_layers == len(targets), "n_mtp_layers",
+           f"{config.num_mtp_layers} draft stages, but dspark_target_layer_ids names "
+           f"{len(targets)} (one stage per target layer)")
+    stage_ratios = config.compress_ratios[config.num_hidden_layers:]
+    _check(all(ratio == 0 for ratio in stage_ratios), "compress_ratios",
+           f"DSpark draft stages are sliding-window only (ratio 0), got {list(stage_ratios)}")
+    _check(0 <= config.dspark_noise_token_id < config.vocab_size, "dspark_noise_token_id",
+           "outside the vocabulary")
+    _check(config.dspark_markov_rank > 0, "dspark_markov_rank", "must be positive")
+    _check(config.dspark_block_size > 0, "dspark_block_size", "must be positive")
 
 
 def _validate_expert_dtype(config: ModelConfig) -> None:

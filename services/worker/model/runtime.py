@@ -16,10 +16,12 @@ from typing import Optional
 
 import torch
 
-from services.worker.model.batch import StepBatch, build_batch
+from services.worker.model.batch import ChunkRows, StepBatch, build_batch
 from services.worker.model.checkpoint import CheckpointReader
 from services.worker.model.collectives import Collectives, LocalCollectives
 from services.worker.model.config import ModelConfig
+from services.worker.model.drafter import Drafter
+from services.worker.model.drafting import run_drafter
 from services.worker.model.kv_cache import (FAMILY_GROUPS, BlockTables, PagedKvCache,
                                             block_group_windows, first_needed_block,
                                             rows_per_block)
@@ -27,6 +29,7 @@ from services.worker.model.parallel import ParallelLayout, check_topology
 from services.worker.model.sampling import NoAllowedToken, greedy_sample
 from services.worker.model.sharding import rank_selection
 from services.worker.model.transformer import DeepseekV4
+from services.worker.model.verification import PositionMask, sampled_offsets, verify
 from services.worker.model.weights import ModelWeights
 
 
@@ -53,6 +56,23 @@ class SequenceChunk:
     allowed_token_ids: Optional[torch.Tensor] = None   # int64 [n], grammar mask (short form)
     token_bitmask: Optional[torch.Tensor] = None       # int32 [ceil(V/32)], grammar mask (long)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (ids int64, values float32)
+    # The last `num_drafts` tokens are speculative (verification.py): the target samples at the
+    # last known position and after every drafted token; `draft_masks` holds the masks of those
+    # sampled positions after the first (the mask fields above serve the first).
+    num_drafts: int = 0
+    draft_forced: list[bool] = field(default_factory=list)
+    draft_masks: list[PositionMask] = field(default_factory=list)
+    # Ask the drafter for this many proposals after the newest committed token (sample rows).
+    num_proposals: int = 0
+
+    @property
+    def forced_flags(self) -> list[bool]:
+        return self.draft_forced or [False] * self.num_drafts
+
+    @property
+    def num_known(self) -> int:
+        """Tokens of the chunk that are not speculative."""
+        return len(self.token_ids) - self.num_drafts
 
 
 @dataclass
@@ -63,6 +83,13 @@ class StepOutput:
     errors: list[Optional[str]] = field(default_factory=list)
     # Per chunk: last-layer hc streams [len, hc, D] (return_hidden; the MTP block's input).
     hidden: list[Optional[torch.Tensor]] = field(default_factory=list)
+    # Per chunk: the `return_taps` layers' outputs averaged over the hc copies
+    # [len, len(return_taps), D] (a drafter's `observe` input); None when no layer is tapped.
+    taps: list[Optional[torch.Tensor]] = field(default_factory=list)
+    # Per chunk: draft tokens accepted (the sampled token is the bonus after them), and the
+    # drafter's proposals after the sampled token.
+    num_accepted: list[int] = field(default_factory=list)
+    proposals: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -95,49 +122,92 @@ class ModelRuntime:
         del tensors
         self.model = DeepseekV4(self.config, self.weights, layout, collectives)
         self._collectives = collectives
+        # Speculative decoding's draft model (drafter.py); None: no proposals.
+        self.drafter: Optional[Drafter] = None
         main_layers = {i: self.config.layer_ratio(i) for i in range(self.config.num_hidden_layers)}
         self.cache = PagedKvCache(main_layers, self.config.head_dim, self.config.index_head_dim,
                                   self.config.sliding_window, cfg.block_size, cfg.num_blocks,
                                   cfg.dtype, cfg.device)
 
     def step(self, chunks: list[SequenceChunk], return_logits: bool = False,
-             return_hidden: bool = False) -> StepOutput:
+             return_hidden: bool = False, return_taps: tuple[int, ...] = ()) -> StepOutput:
         """Run one forward over every chunk; sample the last position of chunks with `sample`.
+        `return_taps`: main layer ids whose outputs come back per chunk (`StepOutput.taps`).
 
         Raises ValueError for a malformed step (a sequence twice, a block table missing, too
         short or holding an id outside the pool where the chunk reads or writes); caches are
         untouched then.
         """
         if not chunks and not self._collectives.expert_parallel:
-            return StepOutput(sampled=[], logits=[], errors=[], hidden=[])
+            return StepOutput(sampled=[], logits=[], errors=[], hidden=[], taps=[])
         self._check(chunks)
         with torch.inference_mode():
             batch = build_batch([(c.seq_id, c.start_pos, c.token_ids, c.block_tables)
                                  for c in chunks], self.cfg.device)
-            hidden = self.model.forward_hidden(batch, self.cache)
-            return self._outputs(chunks, batch, hidden, return_logits, return_hidden)
+            hidden, taps = self.model.forward_hidden(batch, self.cache,
+                                                     return_taps or self._drafter_taps())
+            out = self._outputs(chunks, batch, hidden, return_logits, return_hidden)
+            out.taps = [taps[rows.rows] if return_taps else None for rows in batch.chunks]
+            if self.drafter is not None:
+                run_drafter(self.drafter, chunks, batch, hidden, taps, out)
+            return out
+
+    def _drafter_taps(self) -> tuple[int, ...]:
+        return self.drafter.tap_layer_ids if self.drafter is not None else ()
+
+    def release(self, seq_id: int) -> None:
+        """The sequence is gone: the drafter drops what it keeps for it."""
+        if self.drafter is not None:
+            self.drafter.release(seq_id)
 
     def _outputs(self, chunks: list[SequenceChunk], batch: StepBatch, hidden: torch.Tensor,
                  return_logits: bool, return_hidden: bool) -> StepOutput:
         wanted = [i for i, c in enumerate(chunks) if c.sample or return_logits]
-        last_rows = torch.tensor([batch.chunks[i].rows.stop - 1 for i in wanted], dtype=torch.int64)
-        logits = self.model.logits(hidden[last_rows.to(hidden.device)]) if wanted else None
-        out = StepOutput(sampled=[None] * len(chunks), logits=[None] * len(chunks),
-                         errors=[None] * len(chunks), hidden=[None] * len(chunks))
-        for k, i in enumerate(wanted):
-            chunk, row_logits = chunks[i], logits[k]
+        row_lists = [self._sampled_rows(chunks[i], batch.chunks[i]) for i in wanted]
+        flat = torch.tensor([r for rows in row_lists for r in rows], dtype=torch.int64)
+        logits = self.model.logits(hidden[flat.to(hidden.device)]) if wanted else None
+        n = len(chunks)
+        out = StepOutput(sampled=[None] * n, logits=[None] * n, errors=[None] * n,
+                         hidden=[None] * n, num_accepted=[0] * n, proposals=[[] for _ in chunks])
+        first = 0
+        for i, rows in zip(wanted, row_lists):
+            chunk_logits, first = logits[first:first + len(rows)], first + len(rows)
             if return_logits:
-                out.logits[i] = row_logits
-            if chunk.sample:
-                try:
-                    out.sampled[i] = greedy_sample(row_logits, chunk.allowed_token_ids,
-                                                   chunk.token_bitmask, chunk.logit_bias)
-                except NoAllowedToken as exc:
-                    out.errors[i] = str(exc)
+                out.logits[i] = chunk_logits[0]
+            if chunks[i].sample:
+                self._sample(chunks[i], chunk_logits, i, out)
         if return_hidden:
             for i, rows in enumerate(batch.chunks):
                 out.hidden[i] = hidden[rows.rows]
         return out
+
+    @staticmethod
+    def _sampled_rows(chunk: SequenceChunk, rows: ChunkRows) -> list[int]:
+        """Flat batch rows of the chunk's sampled positions (the last one without drafts)."""
+        last_known = rows.rows.stop - 1 - chunk.num_drafts
+        if not chunk.sample:
+            return [last_known]
+        return [last_known + k for k in sampled_offsets(chunk.num_drafts, chunk.forced_flags)]
+
+    def _sample(self, chunk: SequenceChunk, logits: torch.Tensor, i: int, out: StepOutput
+                ) -> None:
+        """Greedy masked sampling (verification of the drafts, if any) of chunk `i`."""
+        offsets = sampled_offsets(chunk.num_drafts, chunk.forced_flags)
+        masks = [(chunk.allowed_token_ids, chunk.token_bitmask)] + (
+            list(chunk.draft_masks) or [(None, None)] * (len(offsets) - 1))
+        tokens: dict[int, int] = {}
+
+        def sample_at(offset: int) -> int:
+            if offset not in tokens:
+                k = offsets.index(offset)
+                tokens[offset] = greedy_sample(logits[k], *masks[k], chunk.logit_bias)
+            return tokens[offset]
+        try:
+            verdict = verify(chunk.token_ids[chunk.num_known:], chunk.forced_flags, sample_at)
+        except NoAllowedToken as exc:
+            out.errors[i] = str(exc)
+            return
+        out.sampled[i], out.num_accepted[i] = verdict.bonus_token, verdict.num_accepted
 
     def _check(self, chunks: list[SequenceChunk]) -> None:
         seen: set[int] = set()

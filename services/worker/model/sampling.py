@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 
@@ -17,10 +18,16 @@ class NoAllowedToken(ValueError):
 
 
 def unpack_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [ceil(V/32)] → bool [V]; bits past the vocabulary are ignored."""
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
-    bits = (words.to(torch.int32).unsqueeze(-1) >> shifts) & 1
-    allowed = bits.flatten().bool()
+    """int32 [ceil(V/32)] → bool [V]; bits past the vocabulary are ignored.
+
+    On the CPU numpy unpacks the bytes: 129,280 bits in ~0.05 ms against ~1.3 ms for the shifts
+    (bench/bench_mask_path.py)."""
+    if words.device.type == "cpu":
+        data = words.to(torch.int32).numpy().astype("<i4", copy=False).view(np.uint8)
+        allowed = torch.from_numpy(np.unpackbits(data, bitorder="little").view(np.bool_))
+    else:
+        shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+        allowed = ((words.to(torch.int32).unsqueeze(-1) >> shifts) & 1).flatten().bool()
     if allowed.numel() < vocab_size:
         allowed = torch.cat([allowed, allowed.new_zeros(vocab_size - allowed.numel())])
     return allowed[:vocab_size]
@@ -60,10 +67,44 @@ def greedy_sample(logits: torch.Tensor,
             # maxima either way). Wide masks (free text, reasoning) almost always end here, without
             # unpacking 129k bits.
             return best
+        # Most of a wide mask is allowed: the best allowed token is nearly always among the top few.
+        best = _best_of_top(scores, token_bitmask)
+        if best is not None:
+            return best
+    elif token_bitmask is None:
+        return _best_listed(scores, allowed_token_ids)
     allowed = allowed_tokens(scores.numel(), allowed_token_ids, token_bitmask, scores.device)
     if not bool(allowed.any()):
         raise NoAllowedToken("the grammar mask allows no token")
     return int(torch.argmax(scores.masked_fill(~allowed, float("-inf"))))
+
+
+def _best_listed(scores: torch.Tensor, token_ids: torch.Tensor) -> int:
+    """The lowest id among the best-scoring listed ids: the masked argmax without a [V] mask
+    (a short mask of 4 ids: ~0.01 ms against ~0.8 ms for the mask of the whole vocabulary)."""
+    ids = token_ids.to(device=scores.device, dtype=torch.int64)
+    ids = ids[(ids >= 0) & (ids < scores.numel())]
+    if ids.numel() == 0:
+        raise NoAllowedToken("the grammar mask allows no token")
+    listed = scores[ids]
+    best = ids[listed == listed.max()]
+    return int(best.min()) if best.numel() else int(ids[torch.argmax(listed)])   # NaN scores
+
+
+def _best_of_top(scores: torch.Tensor, words: torch.Tensor, count: int = 16) -> Optional[int]:
+    """The masked argmax when it lies among the `count` best scores, strictly above the rest (so
+    every token tied with it is among them); None otherwise."""
+    if scores.numel() <= count:
+        return None
+    values, ids = torch.topk(scores, count)
+    values, ids = values.tolist(), ids.tolist()
+    allowed = [(value, token) for value, token in zip(values, ids) if _bit_is_set(words, token)]
+    if not allowed:
+        return None
+    best_value = max(value for value, _ in allowed)
+    if not best_value > values[-1]:
+        return None
+    return min(token for value, token in allowed if value == best_value)
 
 
 def _bit_is_set(words: torch.Tensor, token_id: int) -> bool:

@@ -119,6 +119,20 @@ PRESETS: dict[str, dict] = {
         "sliding_window": 16, "index_n_heads": 4, "index_head_dim": 128, "index_topk": 8,
         "hc_mult": 4, "hc_sinkhorn_iters": 20, "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
     },
+    # tiny-a's target plus a DSpark draft in the released format: three sliding-window stages
+    # reading the outputs of layers 1..3, the released noise token and block size, a small Markov
+    # rank (V x 256 would be ~190 MB of Markov head). The target is drawn first with the same
+    # seed, so its tensors are byte-identical to tiny-a's.
+    "tiny-dspark": {
+        "hidden_size": 128, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 4, 0, 0, 0],
+        "num_attention_heads": 4, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
+        "o_groups": 2, "o_lora_rank": 128, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "moe_intermediate_size": 128, "num_hash_layers": 1,
+        "sliding_window": 16, "index_n_heads": 4, "index_head_dim": 128, "index_topk": 8,
+        "hc_mult": 4, "hc_sinkhorn_iters": 20, "routed_scaling_factor": 2.5, "swiglu_limit": 1.5,
+        "n_mtp_layers": 3, "dspark_block_size": 5, "dspark_noise_token_id": 128799,
+        "dspark_target_layer_ids": [1, 2, 3], "dspark_markov_rank": 16,
+    },
     # A benchmark shape: Flash's head_dim, window, top-k and vocabulary at a quarter of the width.
     "bench-1024": {
         "hidden_size": 1024, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 4, 0],

@@ -1,8 +1,8 @@
 """The dequantized checkpoint tensors in the dtypes the forward pass computes with.
 
 Precision follows the official inference code: the mHC parameters, attention sinks, compressor
-weights and position biases, the router, every norm weight and the output head stay fp32; the
-projections take the compute dtype. Memory: every FP8/FP4 weight is held dequantized, i.e. 2 bytes
+weights and position biases, the router, every norm weight, the output head and DSpark's Markov
+`markov_w2` and confidence head stay fp32; the projections take the compute dtype. Memory: every FP8/FP4 weight is held dequantized, i.e. 2 bytes
 per parameter in bf16 (V4-Flash: ~570 GB) or 4 in fp32 — fine for the tiny checkpoints, a fused FP8
 path would be needed for the real model.
 """
@@ -17,6 +17,7 @@ from services.worker.model.hyper_connections import HcParams
 _FP32_SUFFIXES = (
     "_fn", "_base", "_scale", "attn_sink", ".ape", "compressor.wkv.weight",
     "compressor.wgate.weight", "gate.weight", "gate.bias", "norm.weight", "head.weight",
+    "markov_w2.weight", "confidence_head.proj.weight",
 )
 
 

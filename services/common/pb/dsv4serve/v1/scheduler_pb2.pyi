@@ -219,7 +219,7 @@ class PartitionUsage(_message.Message):
     def __init__(self, partition_id: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BlockGroupUsage, _Mapping]]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_hit_rate: _Optional[float] = ...) -> None: ...
 
 class RequestSummary(_message.Message):
-    __slots__ = ("request_id", "phase", "partition_id", "prompt_tokens", "computed_tokens", "output_tokens", "constrained", "cached_tokens")
+    __slots__ = ("request_id", "phase", "partition_id", "prompt_tokens", "computed_tokens", "output_tokens", "constrained", "cached_tokens", "spec_verify_rows", "spec_drafted_tokens", "spec_accepted_tokens", "spec_forced_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +228,10 @@ class RequestSummary(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINED_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERIFY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     phase: RequestPhase
     partition_id: int
@@ -236,10 +240,14 @@ class RequestSummary(_message.Message):
     output_tokens: int
     constrained: bool
     cached_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., partition_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., constrained: _Optional[bool] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    spec_verify_rows: int
+    spec_drafted_tokens: int
+    spec_accepted_tokens: int
+    spec_forced_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., partition_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., constrained: _Optional[bool] = ..., cached_tokens: _Optional[int] = ..., spec_verify_rows: _Optional[int] = ..., spec_drafted_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class GetSchedulerStateResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total", "prefix_caching_enabled", "prefix_cache_queries_total", "prefix_cache_hits_total", "constrained_preemptions_total")
+    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total", "prefix_caching_enabled", "prefix_cache_queries_total", "prefix_cache_hits_total", "constrained_preemptions_total", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "spec_decode_num_forced_tokens", "num_live_draft_states")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_GRAMMAR_PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +266,12 @@ class GetSchedulerStateResponse(_message.Message):
     PREFIX_CACHE_QUERIES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINED_PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DECODE_NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LIVE_DRAFT_STATES_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_grammar_pending: int
@@ -276,7 +290,13 @@ class GetSchedulerStateResponse(_message.Message):
     prefix_cache_queries_total: int
     prefix_cache_hits_total: int
     constrained_preemptions_total: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., prefix_caching_enabled: _Optional[bool] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., constrained_preemptions_total: _Optional[int] = ...) -> None: ...
+    spec_decode_num_drafts: int
+    spec_decode_num_draft_tokens: int
+    spec_decode_num_accepted_tokens: int
+    spec_decode_num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    spec_decode_num_forced_tokens: int
+    num_live_draft_states: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., prefix_caching_enabled: _Optional[bool] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., constrained_preemptions_total: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., spec_decode_num_forced_tokens: _Optional[int] = ..., num_live_draft_states: _Optional[int] = ...) -> None: ...
 
 class GetRequestStateRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -133,7 +133,7 @@ class GroupBlocks(_message.Message):
     def __init__(self, group: _Optional[str] = ..., first_logical_block: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScheduledRow(_message.Message):
-    __slots__ = ("seq_id", "partition_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_blocks", "sample", "mask")
+    __slots__ = ("seq_id", "partition_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_blocks", "sample", "mask", "draft_token_ids", "draft_forced", "draft_masks", "num_proposals")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,10 @@ class ScheduledRow(_message.Message):
     NEW_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     MASK_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FORCED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MASKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     partition_id: int
     num_computed_tokens: int
@@ -150,7 +154,11 @@ class ScheduledRow(_message.Message):
     new_blocks: _containers.RepeatedCompositeFieldContainer[GroupBlocks]
     sample: bool
     mask: TokenMask
-    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ...) -> None: ...
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_forced: _containers.RepeatedScalarFieldContainer[bool]
+    draft_masks: _containers.RepeatedCompositeFieldContainer[TokenMask]
+    num_proposals: int
+    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_forced: _Optional[_Iterable[bool]] = ..., draft_masks: _Optional[_Iterable[_Union[TokenMask, _Mapping]]] = ..., num_proposals: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "new_sequences", "rows", "finished_seq_ids")
@@ -165,14 +173,18 @@ class StepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[ScheduledRow, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RowResult(_message.Message):
-    __slots__ = ("seq_id", "sampled_token_id", "error")
+    __slots__ = ("seq_id", "sampled_token_id", "error", "num_accepted_drafts", "proposed_token_ids")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     sampled_token_id: int
     error: str
-    def __init__(self, seq_id: _Optional[int] = ..., sampled_token_id: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    num_accepted_drafts: int
+    proposed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., sampled_token_id: _Optional[int] = ..., error: _Optional[str] = ..., num_accepted_drafts: _Optional[int] = ..., proposed_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "results", "forward_ns", "error")

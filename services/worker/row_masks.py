@@ -1,0 +1,67 @@
+"""A row's token masks and speculative tokens as the worker checks them: masks decoded from the
+step descriptor (short id list or XGrammar bitmask bytes), drafts consistent with their forced
+flags and with one mask per sampled position (verification.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from services.common.step_descriptors import ScheduledRow, TokenMask
+from services.worker.model.verification import sampled_offsets
+
+
+class RowError(Exception):
+    """One row cannot run; the message goes back in that row's `RowResult.error`."""
+
+
+def decode_token_mask(
+    mask: TokenMask, vocab_size: int
+) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Returns `(allowed_token_ids int64 [n], None)` or `(None, token_bitmask int32 [ceil(V/32)])`.
+
+    Raises `RowError` when both forms are set, an id or the bitmask length does not fit the
+    vocabulary, or the mask allows no token at all.
+    """
+    if mask.allowed_token_ids and mask.bitmask:
+        raise RowError("token mask sets both allowed_token_ids and bitmask")
+    if mask.bitmask:
+        return None, _decode_bitmask(mask.bitmask, vocab_size)
+    if not mask.allowed_token_ids:
+        raise RowError("token mask allows no token")
+    largest = max(mask.allowed_token_ids)
+    if largest >= vocab_size:
+        raise RowError(f"token mask allows id {largest}, vocabulary has {vocab_size} tokens")
+    return torch.tensor(mask.allowed_token_ids, dtype=torch.int64), None
+
+
+def _decode_bitmask(data: bytes, vocab_size: int) -> torch.Tensor:
+    num_words = (vocab_size + 31) // 32
+    if len(data) != 4 * num_words:
+        raise RowError(f"token bitmask has {len(data)} bytes, expected {4 * num_words} "
+                       f"(ceil({vocab_size}/32) int32 words)")
+    words = np.frombuffer(data, dtype="<i4").astype(np.int32)
+    # Bits past the vocabulary in the last word allow nothing real.
+    tail_bits = vocab_size - 32 * (num_words - 1)
+    last_word = int(words[-1]) & ((1 << tail_bits) - 1)
+    if last_word == 0 and not words[:-1].any():
+        raise RowError("token mask allows no token")
+    return torch.from_numpy(words)
+
+
+def check_drafts(row: ScheduledRow) -> None:
+    """A row's drafts fit its flags and masks (RowError otherwise)."""
+    drafts = row.draft_token_ids
+    if drafts and not row.sample:
+        raise RowError(f"row of sequence {row.seq_id} has drafts but does not sample")
+    if row.draft_forced and len(row.draft_forced) != len(drafts):
+        raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_forced)} forced flags "
+                       f"for {len(drafts)} drafts")
+    if row.draft_forced and row.draft_forced[0]:
+        raise RowError(f"row of sequence {row.seq_id}: the first draft cannot be forced")
+    forced = list(row.draft_forced) or [False] * len(drafts)
+    sampled_after_first = len(sampled_offsets(len(drafts), forced)) - 1
+    if row.mask is not None and len(row.draft_masks) != sampled_after_first:
+        raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_masks)} draft masks for "
+                       f"{sampled_after_first} sampled draft positions")
