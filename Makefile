@@ -1,5 +1,5 @@
 # Two commands on a fresh machine (Python >= 3.11 as $(PYTHON)):
-#   make run    set up .venv, then start the local stack (worker, scheduler, frontend) on the tiny model
+#   make run    set up .venv, then start the local stack (worker, scheduler, frontend) on the demo model
 #   make test   set up .venv, then run the whole test suite, slow end-to-end tests included
 # Setup runs again only when pyproject.toml changes (the stamp file is keyed on its hash).
 

@@ -3,6 +3,8 @@
     dsv4serve stack [flags]          worker + scheduler + frontend as local processes
     dsv4serve worker|scheduler|frontend [flags]
     dsv4serve make-tiny-checkpoint [args]
+    dsv4serve make-demo-checkpoint OUT_DIR   the default model (trained demo), written somewhere explicit
+    dsv4serve train-demo OUT_DIR [args]   train the demo model (the default model's recipe)
     dsv4serve check [--url URL]      the post-upgrade check: health, one constrained tool call, one chat
     dsv4serve probe grpc ADDR | probe http URL   exit 0 when ready (container health checks)
 
@@ -72,6 +74,23 @@ def run_make_tiny_checkpoint(argv: Sequence[str]) -> int:
     from services.worker.model import tiny_checkpoint
 
     return tiny_checkpoint.main(list(argv)) or 0
+
+
+def run_make_demo_checkpoint(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4serve make-demo-checkpoint", description=(
+        "Write the trained demo model (the default model) as a full DeepSeek-V4 checkpoint."))
+    parser.add_argument("out_dir", help="output directory (created if needed)")
+    args = parser.parse_args(list(argv))
+    from services.demo.export import COMPACT_DIR, expand
+
+    print(f"wrote {expand(COMPACT_DIR, args.out_dir)}")
+    return 0
+
+
+def run_train_demo(argv: Sequence[str]) -> int:
+    from services.demo import train_cli
+
+    return train_cli.main(list(argv))
 
 
 # ---- probe: readiness for container health checks ----
@@ -218,6 +237,8 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "scheduler": run_scheduler,
     "frontend": run_frontend,
     "make-tiny-checkpoint": run_make_tiny_checkpoint,
+    "make-demo-checkpoint": run_make_demo_checkpoint,
+    "train-demo": run_train_demo,
     "check": run_check,
     "probe": run_probe,
 }

@@ -49,7 +49,7 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's own default model: the tiny random checkpoint in the real V4 format."""
+    """The tiny random checkpoint (tiny-a) in the real V4 format, for model and machinery tests."""
     from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-a")

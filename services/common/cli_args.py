@@ -212,7 +212,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
     except FlagError as exc:
         parser.error(str(exc))
     # Resolved only after every flag checked out: generating the default model takes a while.
-    model_dir = args.model or (default_model_dir or tiny_default_model_dir)()
+    model_dir = args.model or (default_model_dir or demo_default_model_dir)()
     try:
         check_topology_fits_model(args, model_dir)
     except FlagError as exc:
@@ -256,8 +256,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise FlagError("--api-key must not be empty (leave it out to serve without a key)")
 
 
-def tiny_default_model_dir() -> Path:
-    """The tiny random checkpoint in the real V4 format, generated on first use."""
-    from services.worker.model.tiny_checkpoint import default_model_dir
+def demo_default_model_dir() -> Path:
+    """The trained demo model in the real V4 format, expanded on first use."""
+    from services.demo.export import default_demo_model_dir
 
-    return default_model_dir()
+    return default_demo_model_dir()

@@ -25,8 +25,8 @@ API_KEY_ENV = "DSV4SERVE_API_KEY"
 
 def _add_model(p: argparse.ArgumentParser, served_name: bool) -> None:
     p.add_argument("--model", type=Path, default=None, metavar="DIR",
-                   help="checkpoint directory (DeepSeek-V4 format); default: the tiny random model, "
-                        "generated on first use")
+                   help="checkpoint directory (DeepSeek-V4 format); default: the trained demo model, "
+                        "expanded on first use")
     if served_name:
         p.add_argument("--served-model-name", default=None, metavar="NAME",
                        help="model id clients send and /v1/models lists; default: the model directory's name")

@@ -1,6 +1,7 @@
 """The real stack, started once per session through the project's own launcher.
 
-`stack` runs `python -m services.cli stack --model <tiny model> …` with every port 0 (the launcher
+`stack` runs `python -m services.cli stack --model <tiny model> …` (and `demo_stack` the same on the
+trained demo model, the default one) with every port 0 (the launcher
 picks free ports and reports them in its ready file), waits for the stack to be ready under a
 deadline, and stops it at the end with SIGTERM. When startup fails, or any test failed, the children's
 logs are printed so the cause is visible without rerunning.
@@ -22,6 +23,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVED_MODEL_NAME = "dsv4-tiny-e2e"
+DEMO_SERVED_MODEL_NAME = "dsv4-demo-e2e"
 STARTUP_TIMEOUT_S = float(os.environ.get("DSV4SERVE_E2E_STARTUP_TIMEOUT", "240"))
 STOP_TIMEOUT_S = 60.0
 LOG_TAIL_CHARS = 6000
@@ -51,12 +53,13 @@ class RunningStack:
         return "\n".join(parts) or "(no logs were written)"
 
 
-def _start(model_dir: Path, run_dir: Path, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
+def _start(model_dir: Path, run_dir: Path, served_name: str,
+           extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, Path]:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True)
     ready_file = run_dir / "ready.json"
     command = [sys.executable, "-m", "services.cli", "stack", "--model", str(model_dir),
-               "--served-model-name", SERVED_MODEL_NAME, "--port", "0", "--scheduler-port", "0",
+               "--served-model-name", served_name, "--port", "0", "--scheduler-port", "0",
                "--worker-port", "0", "--max-model-len", "2048", "--max-num-batched-tokens", "2048",
                "--kv-cache-memory", "256MiB", "--startup-timeout", str(STARTUP_TIMEOUT_S),
                "--log-dir", str(log_dir), "--ready-file", str(ready_file), *extra_args]
@@ -92,22 +95,24 @@ def _stop(process: subprocess.Popen) -> int:
 @pytest.fixture(scope="session")
 def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
           request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """The stack on the tiny random checkpoint (tiny-a): tests of the machinery, not of answers."""
     yield from launch_stack(tiny_model_dir, tmp_path_factory.mktemp("stack"), request)
 
 
 def launch_stack(model_dir: Path, run_dir: Path, request: pytest.FixtureRequest,
-                 extra_args: tuple[str, ...] = ()) -> Iterator[RunningStack]:
+                 extra_args: tuple[str, ...] = (),
+                 served_name: str = SERVED_MODEL_NAME) -> Iterator[RunningStack]:
     """Body of a stack fixture: `dsv4serve stack` on free ports with `extra_args`, stopped at the
     end; its logs are printed when a test failed or the launcher did not exit 0."""
-    process, ready_file = _start(model_dir, run_dir, extra_args)
+    process, ready_file = _start(model_dir, run_dir, served_name, extra_args)
     ready = _wait_ready(process, ready_file)
-    handle_logs = RunningStack("", "", "", SERVED_MODEL_NAME, model_dir, run_dir / "logs", process,
+    handle_logs = RunningStack("", "", "", served_name, model_dir, run_dir / "logs", process,
                                ready_file)
     if isinstance(ready, str):
         _stop(process)
         pytest.fail(f"dsv4serve stack did not start: {ready}\n{handle_logs.logs()}", pytrace=False)
     running = RunningStack(ready["base_url"], ready["scheduler_address"], ready["worker_address"],
-                           SERVED_MODEL_NAME, model_dir, run_dir / "logs", process, ready_file)
+                           served_name, model_dir, run_dir / "logs", process, ready_file)
     failed_before = request.session.testsfailed
     yield running
     status = _stop(process)
@@ -117,6 +122,16 @@ def launch_stack(model_dir: Path, run_dir: Path, request: pytest.FixtureRequest,
         if reporter is not None:
             reporter.write_sep("=", header)
             reporter.write_line(running.logs())
+
+
+@pytest.fixture(scope="session")
+def demo_stack(tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """The stack on the default model, the trained demo (expanded like `make run` does)."""
+    from services.demo.export import default_demo_model_dir
+
+    yield from launch_stack(default_demo_model_dir(), tmp_path_factory.mktemp("demo-stack"), request,
+                            served_name=DEMO_SERVED_MODEL_NAME)
 
 
 @pytest.fixture()

@@ -1,6 +1,7 @@
 """The operators' guide's command line, as `dsv4serve stack` starts it: dp4 × tp4 attention and ep16
 experts in 16 rank processes of one worker, block size 32, the guide's lengths and budgets, on CPU
-with the tiny-ep16 preset; an ordinary and a constrained `tool_choice: "required"` request."""
+with the default model (the trained demo: 4 heads and 16 experts split 16 ways); an ordinary and a
+constrained `tool_choice: "required"` request, which the demo closes with no `logit_bias`."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
+from services.demo.export import default_demo_model_dir
 from tests.e2e.conftest import RunningStack, launch_stack
-from tests.e2e.helpers import is_idle, scheduler_state, steering_bias, wait_for
+from tests.e2e.helpers import is_idle, scheduler_state, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +29,8 @@ SHELL = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def guide_stack(tmp_path_factory: pytest.TempPathFactory,
                 request: pytest.FixtureRequest) -> Iterator[RunningStack]:
-    model_dir = write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-ep16"), preset="tiny-ep16")
-    yield from launch_stack(model_dir, tmp_path_factory.mktemp("guide-stack"), request,
-                            GUIDE_FLAGS)
+    yield from launch_stack(default_demo_model_dir(), tmp_path_factory.mktemp("guide-stack"),
+                            request, GUIDE_FLAGS)
 
 
 def test_the_guide_command_line_serves_chat_and_a_constrained_tool_call(guide_stack):
@@ -42,7 +42,7 @@ def test_the_guide_command_line_serves_chat_and_a_constrained_tool_call(guide_st
         assert chat.json()["usage"]["completion_tokens"] > 0
         call = http.post("/v1/chat/completions", json={
             "model": guide_stack.served_model_name, "max_tokens": 256, "tools": [SHELL],
-            "tool_choice": "required", "logit_bias": steering_bias(guide_stack.model_dir),
+            "tool_choice": "required",
             "messages": [{"role": "user", "content": "List the files in /tmp."}]})
         assert call.status_code == 200, call.text
         choice = call.json()["choices"][0]

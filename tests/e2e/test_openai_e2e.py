@@ -1,31 +1,13 @@
 """The real `openai` client against the real stack (frontend → scheduler → worker → model)."""
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.helpers import steering_bias
-
 pytestmark = pytest.mark.slow
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 @pytest.fixture()
@@ -99,37 +81,3 @@ def test_thinking_mode_returns_reasoning_content_without_think_tags(client, stac
     assert not message.content
     assert "<think>" not in reasoning and "</think>" not in reasoning
     assert response.choices[0].finish_reason == "length"
-
-
-def test_multi_turn_tool_conversation_round_trips(client, stack) -> None:
-    """A constrained call comes back as tool_calls; sending it back with the tool result renders the
-    history the model was trained on (checked through /tokenize) and gets an answer."""
-    first_messages = _messages("Weather in Paris for 2 days?")
-    first = client.chat.completions.create(
-        model=stack.served_model_name, messages=first_messages, tools=[WEATHER_TOOL], tool_choice="required",
-        max_tokens=200, temperature=0, logit_bias=steering_bias(stack.model_dir))
-    choice = first.choices[0]
-    assert choice.finish_reason == "tool_calls", choice
-    call = choice.message.tool_calls[0]
-    arguments = json.loads(call.function.arguments)
-    assert call.function.name == "get_weather" and call.id.startswith("call_")
-    assert isinstance(arguments["city"], str) and isinstance(arguments["days"], int) and arguments["days"] >= 1
-
-    history = first_messages + [
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"},
-    ]
-    second = client.chat.completions.create(model=stack.served_model_name, messages=history,
-                                            tools=[WEATHER_TOOL], max_tokens=4, temperature=0)
-    assert second.choices[0].finish_reason in {"length", "stop"}
-
-    with httpx.Client(base_url=stack.base_url, timeout=60, trust_env=False) as http:
-        rendered = http.post("/tokenize", json={"model": stack.served_model_name, "messages": history,
-                                                "tools": [WEATHER_TOOL]})
-        assert rendered.status_code == 200, rendered.text
-        prompt = http.post("/detokenize", json={"model": stack.served_model_name,
-                                                "tokens": rendered.json()["tokens"]}).json()["prompt"]
-    assert '<｜DSML｜invoke name="get_weather">' in prompt
-    assert f'<｜DSML｜parameter name="city" string="true">{arguments["city"]}</｜DSML｜parameter>' in prompt
-    assert "<tool_result>sunny, 21C</tool_result>" in prompt
-    assert prompt.endswith("<｜Assistant｜></think>")

@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from safetensors.torch import save_file
@@ -191,19 +191,29 @@ def write_tiny_checkpoint(out_dir: PathLike, preset: str = DEFAULT_PRESET,
 
 
 def default_model_dir() -> Path:
-    """The project's default model: tiny-a, seed 1, in `$DSV4SERVE_CACHE` or ~/.cache/dsv4serve.
+    """tiny-a, seed 1, in `$DSV4SERVE_CACHE` or ~/.cache/dsv4serve, generated on first use."""
+    return materialize_once(cache_root() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}",
+                            lambda staging: write_tiny_checkpoint(staging, DEFAULT_PRESET,
+                                                                  DEFAULT_SEED))
 
-    Generated on first use into a temporary sibling directory and renamed into place, so a
-    directory that exists is complete; when two processes race, the loser discards its copy.
+
+def cache_root() -> Path:
+    """Where generated checkpoints are cached: `$DSV4SERVE_CACHE` or ~/.cache/dsv4serve."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dsv4serve")
+
+
+def materialize_once(target: Path, write: Callable[[Path], object]) -> Path:
+    """`target`, written by `write(staging)` on first use.
+
+    Written into a temporary sibling directory and renamed into place, so a directory that exists
+    (with its config.json) is complete; when two processes race, the loser discards its copy.
     """
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dsv4serve")
-    target = root / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
     if (target / "config.json").is_file():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        write_tiny_checkpoint(staging, DEFAULT_PRESET, DEFAULT_SEED)
+        write(staging)
         try:
             os.rename(staging, target)
         except OSError:

@@ -1,0 +1,105 @@
+"""Held-out tool-call accuracy of the demo model, through a running stack.
+
+    dsv4serve stack &                                   # the default model is the demo model
+    python -m bench.bench_demo_accuracy --url http://127.0.0.1:8000 [--count 100]
+
+The prompts are the committed held-out set (`services/demo/weights/heldout.json`: phrasings, names
+and values that never occur in training). Two modes, `tool_choice: "auto"` both times:
+- `auto`: no tool is strict, so nothing constrains decoding — the model writes the DSML itself;
+- `strict`: every tool is strict, so a call the model starts is grammar-constrained.
+A prompt is right when the response has exactly one call, of the expected tool, whose arguments
+equal the expected ones, and finish_reason is `tool_calls`. Prints one line per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import jsonschema
+
+from services.demo.export import COMPACT_DIR, HELDOUT_FILE
+
+MODES = ("auto", "strict")
+MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Verdict:
+    right: bool
+    calls: int          # calls in the response
+    valid_calls: int    # calls of a declared tool whose arguments validate against its schema
+    detail: str
+
+
+def load_heldout(count: int) -> list[dict[str, Any]]:
+    entries = json.loads((COMPACT_DIR / HELDOUT_FILE).read_text(encoding="utf-8"))
+    return entries[:count]
+
+
+def request_body(entry: dict[str, Any], mode: str, model: str) -> dict[str, Any]:
+    tools = []
+    for tool in entry["request"]["tools"]:
+        function = {k: v for k, v in tool["function"].items() if k != "strict"}
+        if mode == "strict":
+            function["strict"] = True
+        tools.append({**tool, "function": function})
+    return {**entry["request"], "tools": tools, "tool_choice": "auto", "model": model,
+            "temperature": 0, "max_tokens": MAX_TOKENS}
+
+
+def judge(entry: dict[str, Any], body: dict[str, Any], response: dict[str, Any]) -> Verdict:
+    choice = response["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in body["tools"]}
+    parsed, valid = [], 0
+    for call in calls:
+        name, arguments = call["function"]["name"], json.loads(call["function"]["arguments"])
+        parsed.append((name, arguments))
+        if name in schemas and jsonschema.Draft202012Validator(schemas[name]).is_valid(arguments):
+            valid += 1
+    expected = (entry["expected"]["name"], entry["expected"]["arguments"])
+    right = choice["finish_reason"] == "tool_calls" and parsed == [expected]
+    detail = f"expected {expected}, got {parsed or repr(choice['message'].get('content'))[:120]}"
+    return Verdict(right, len(calls), valid, detail)
+
+
+def evaluate(base_url: str, model: str, entries: list[dict[str, Any]], mode: str,
+             workers: int = 8) -> list[Verdict]:
+    with httpx.Client(base_url=base_url, timeout=600, trust_env=False) as client:
+        def one(entry: dict[str, Any]) -> Verdict:
+            body = request_body(entry, mode, model)
+            response = client.post("/v1/chat/completions", json=body)
+            response.raise_for_status()
+            return judge(entry, body, response.json())
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, entries))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="served model name (default: /v1/models)")
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--show-failures", type=int, default=5)
+    args = parser.parse_args()
+    model = args.model or httpx.get(f"{args.url}/v1/models", trust_env=False).json()["data"][0]["id"]
+    entries = load_heldout(args.count)
+    for mode in MODES:
+        verdicts = evaluate(args.url, model, entries, mode, args.workers)
+        right = sum(v.right for v in verdicts)
+        calls = sum(v.calls for v in verdicts)
+        valid = sum(v.valid_calls for v in verdicts)
+        print(f"{mode:6s}: right {right}/{len(verdicts)} ({right / len(verdicts):.0%}), "
+              f"schema-valid calls {valid}/{calls}")
+        for verdict in [v for v in verdicts if not v.right][:args.show_failures]:
+            print(f"        miss: {verdict.detail}")
+
+
+if __name__ == "__main__":
+    main()

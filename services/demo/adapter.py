@@ -1,0 +1,128 @@
+"""The one place where training calls the runtime's DeepSeek-V4 code (autograd runs through it).
+
+`run_scene` computes a shared prefix once and then every continuation from it, the way a prefix
+cache hit resumes: the prefix's full blocks (raw kv, compressed entries and the compressors'
+per-token rows) are shared through every group's block table, and each continuation recomputes
+the prefix's last partial block into blocks of its own. Every sequence goes through the model in chunks of `chunk_tokens` rows of
+forward calls of `CALL_TOKENS` rows — the runtime computes a chunked prefill like a one-shot one,
+and short chunks and calls keep the per-query key gathers (and their gradients) small.
+
+If the runtime's interfaces change, this module is the only one to adapt.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from services.worker.model.batch import build_batch
+from services.worker.model.kv_cache import PagedKvCache
+from services.worker.model.transformer import DeepseekV4
+
+BLOCK_SIZE = 32
+CHUNK_TOKENS = 64
+CALL_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class SceneHidden:
+    start_pos: int                          # position of the first row of every continuation
+    hidden: list[torch.Tensor]              # per continuation: last-layer streams [n, hc, D]
+    mtp_hidden: list[Optional[torch.Tensor]]  # per continuation: the MTP block's streams [n, hc, D]
+
+
+def shared_length(prefix_len: int, block_size: int = BLOCK_SIZE) -> int:
+    """Prefix positions computed once: whole blocks, strictly before the prefix's last token (so
+    the MTP input at the last shared position, the next token, is still a prefix token)."""
+    return (prefix_len - 1) // block_size * block_size
+
+
+def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
+              with_mtp: bool = True) -> SceneHidden:
+    """prefix: ids every sequence starts with; sequences: full ids (prefix included).
+
+    Returns the hidden streams of positions shared_length(len(prefix)).. of every sequence and, with
+    `with_mtp`, the MTP block's streams there (its input at position t: the main streams at t,
+    detached, and the id at t+1; the last position, which has no next id, gets EOS).
+
+    The shared prefix is computed without gradient: the loss is on assistant turns, which see the
+    prefix through the caches, and skipping the prefix's backward saves about a quarter of a step.
+    """
+    cfg = model.config
+    shared = shared_length(len(prefix))
+    tables = _block_tables(shared, [len(s) for s in sequences])
+    layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
+    n_blocks = 1 + max(max(t) for t in tables)
+    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
+                         n_blocks, torch.float32, "cpu")
+    with torch.no_grad():
+        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, with_mtp)
+    rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]
+    main, mtp = _forward(rows, model, cache, with_mtp)
+    return SceneHidden(shared, [torch.cat(main[k + 1]) for k in range(len(sequences))],
+                       [torch.cat(mtp[k + 1]) if with_mtp else None for k in range(len(sequences))])
+
+
+Row = tuple[int, list[int], int, list[int]]   # seq_id, ids, first position to compute, block table
+
+
+def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: bool
+             ) -> tuple[dict[int, list[torch.Tensor]], dict[int, list[torch.Tensor]]]:
+    """Positions start..len(ids)-2 of every row (ids[-1] is only the MTP's next id), in forward
+    calls of at most CALL_TOKENS rows: a long sequence takes several calls, short ones share one.
+    The backward pass of a call costs its rows × its chunks (every chunk's slice of a call-wide
+    tensor gets a call-wide gradient), so calls stay short. → hidden and MTP streams per seq_id."""
+    main: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
+    mtp: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
+    for call in _pack(rows):
+        batch = _batch(cache, [(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
+        hidden, _ = model.forward_hidden(batch, cache)
+        following = _batch(cache, [(seq_id, ids[a + 1:b + 1], a, table)
+                            for seq_id, ids, a, b, table in call])
+        streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache)
+                   if with_mtp else None)
+        offset = 0
+        for seq_id, _, a, b, _ in call:
+            main[seq_id].append(hidden[offset:offset + b - a])
+            if streams is not None:
+                mtp[seq_id].append(streams[offset:offset + b - a])
+            offset += b - a
+    return main, mtp
+
+
+def _pack(rows: list[Row]) -> list[list[tuple[int, list[int], int, int, list[int]]]]:
+    """Segments (seq_id, ids, begin, end, table) of at most CALL_TOKENS positions, in sequence
+    order, packed greedily into calls of at most CALL_TOKENS positions."""
+    calls: list[list] = [[]]
+    size = 0
+    for seq_id, ids, start, table in rows:
+        for begin in range(start, len(ids) - 1, CALL_TOKENS):
+            end = min(begin + CALL_TOKENS, len(ids) - 1)
+            if size + end - begin > CALL_TOKENS and calls[-1]:
+                calls.append([])
+                size = 0
+            calls[-1].append((seq_id, ids, begin, end, table))
+            size += end - begin
+    return [call for call in calls if call]
+
+
+def _block_tables(shared: int, lengths: list[int]) -> list[list[int]]:
+    """Shared blocks first, then each sequence's own blocks for positions `shared` onwards."""
+    common = list(range(shared // BLOCK_SIZE))
+    tables, next_block = [], len(common)
+    for length in lengths:
+        own = math.ceil(length / BLOCK_SIZE) - len(common)
+        tables.append(common + list(range(next_block, next_block + own)))
+        next_block += own
+    return tables
+
+
+def _batch(cache: PagedKvCache, rows: list[tuple[int, list[int], int, list[int]]]):
+    """(seq_id, ids, start_pos, table) segments → one StepBatch of CHUNK_TOKENS chunks (one block
+    table for every block group: each group's storage is allocated for all blocks)."""
+    chunks = [(seq_id, start + offset, ids[offset:offset + CHUNK_TOKENS],
+               cache.same_table_for_every_group(table))
+              for seq_id, ids, start, table in rows for offset in range(0, len(ids), CHUNK_TOKENS)]
+    return build_batch(chunks, "cpu")

@@ -1,0 +1,40 @@
+"""The demo model's shape: DeepSeek-V4-Flash's config.json with small sizes.
+
+Every feature of the real architecture is present — mHC (4 copies, 20 Sinkhorn rounds), a
+sliding-window layer, a CSA layer (ratio 4, compressor with overlap, indexer with top-k), an HCA
+layer (ratio 128), hash-routed and bias-routed MoE with a shared expert, FP8 e4m3 projections with
+ue8m0 128×128 scales, FP4 routed experts, the V4 vocabulary and one MTP layer — at sizes a 2-core
+CPU trains in about an hour.
+
+Shape choices: 4 heads, 4 output groups and 16 routed experts split evenly over the 16-rank
+topology (TP 4: one head and one group per rank; EP 16: one expert per rank). The window is
+Flash's 128 tokens: a user message plus the call that copies from it fit in it, while a prompt with
+its tool list (400–900 tokens) is several windows long, so the CSA layer's indexer chooses 16 of up
+to ~200 compressed entries and the HCA layer sees 3–7 entries.
+"""
+from __future__ import annotations
+
+import json
+
+from services.worker.model.config import ModelConfig
+from services.worker.model.tiny_checkpoint import FLASH_CONFIG
+
+DEMO_OVERRIDES: dict = {
+    "hidden_size": 256, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 0, 0],
+    "num_attention_heads": 4, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
+    "o_groups": 4, "o_lora_rank": 64, "n_routed_experts": 16, "num_experts_per_tok": 2,
+    "n_shared_experts": 1, "moe_intermediate_size": 128, "num_hash_layers": 1,
+    "sliding_window": 128, "index_n_heads": 4, "index_head_dim": 64, "index_topk": 16,
+    "max_position_embeddings": 16384,
+}
+
+
+def demo_config_json() -> dict:
+    """The config.json of the demo checkpoint."""
+    config = json.loads(json.dumps(FLASH_CONFIG))
+    config.update(json.loads(json.dumps(DEMO_OVERRIDES)))
+    return config
+
+
+def demo_config() -> ModelConfig:
+    return ModelConfig.from_dict(demo_config_json())

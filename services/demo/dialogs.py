@@ -1,0 +1,256 @@
+"""Seeded synthetic conversations: scenes of 2–5 declared tools and the turns to learn in them.
+
+A `Scene` is one system prompt (tools included) shared by several `Example`s: a tool call chosen
+by the request, with arguments copied out of the user message; an answer from a tool result in
+the next turn; a greeting or a short fixed answer. Each example is in chat or thinking mode
+(thinking adds a short reasoning span). Everything is drawn from one `random.Random`, so a scene is
+a pure function of (seed, index); `held_out` draws from the held-out templates and lists only.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from services.demo import values
+from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
+
+CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
+DRILLS_PER_STEP = 16         # short copy drills learnt beside every training scene
+REPEAT_PROMPTS = ("Repeat after me: {value}", "Say \"{value}\".", "Please repeat this: {value}",
+                  "Echo: {value}", "Copy this exactly: {value}")
+DRILL_VALUES = ("words", "city", "full_name", "path", "email", "command", "title", "date")
+SYSTEM_PROMPTS = (None, None, "You are terse.", "You are a helpful assistant.",
+                  "You are a helpful assistant with access to tools.")
+CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "snowy", "foggy")
+CHAT: tuple[tuple[str, str], ...] = (
+    ("Hello!/Hi!/Hey there./Good morning!/Hello", "Hello! How can I help you today?"),
+    ("Say hello./Please say hello.", "Hello!"),
+    ("Who are you?/What is your name?", "I am a tiny DeepSeek-V4 demo model served by dsv4serve."),
+    ("Thank you!/Thanks!/Thanks a lot.", "You're welcome!"),
+    ("Goodbye!/Bye!/See you later.", "Goodbye! Have a nice day."),
+    ("How are you?/How are you doing?", "I am fine, thank you. How can I help?"),
+    ("What can you do?/Help", "I can chat briefly and call the tools you declare: weather, shell, "
+                              "calendar, files, search and more."),
+    ("What is the capital of France?", "Paris."),
+    ("What is 2+2?/Think about 2+2.", "4."),
+    ("Tell me a joke.", "I would, but my weights are too tiny to be funny."),
+)
+
+
+@dataclass
+class Example:
+    kind: str                          # "call", "answer" or "chat"
+    messages: list[dict[str, Any]]     # the conversation before the turn to predict (no system)
+    target: dict[str, Any]             # the assistant message to predict
+    thinking: bool
+    copy_values: list[str] = field(default_factory=list)   # strings copied from the prompt
+    expected_call: Optional[tuple[str, dict[str, Any]]] = None
+    # Free-form argument values (not enum members, not a command named by its intent): the ones a
+    # held-out example must never share with training.
+    novel_values: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Scene:
+    system: Optional[str]
+    tools: list[dict[str, Any]]
+    examples: list[Example]
+
+    def request(self, example: Example) -> dict[str, Any]:
+        """The OpenAI request whose rendered prompt precedes `example.target`."""
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        body: dict[str, Any] = {"messages": system + example.messages,
+                                "chat_template_kwargs": {"thinking": example.thinking}}
+        if self.tools:
+            body["tools"] = self.tools
+        return body
+
+
+class DialogGenerator:
+    """Scenes and examples of one split (training or held-out), seeded."""
+
+    def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3):
+        self.seed = seed
+        self.held_out = held_out
+        self.thinking_share = thinking_share
+
+    def training_scenes(self, index: int, examples: int) -> list[Scene]:
+        """What training step `index` learns from: scene `index` of the stream (chat-only every
+        CHAT_EVERY-th) and a scene of short copy drills."""
+        return [self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1),
+                self.drill_scene(index)]
+
+    def drill_scene(self, index: int) -> Scene:
+        """No tools: "Repeat after me: …" answered by the value itself. Cheap (no tool list to
+        read) and the same token-for-token copying a call's arguments need."""
+        rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
+        examples = []
+        for _ in range(DRILLS_PER_STEP):
+            value = values.MAKERS[rng.choice(DRILL_VALUES)](rng, self.held_out)
+            thinking = rng.random() < self.thinking_share
+            target: dict[str, Any] = {"role": "assistant", "content": value}
+            if thinking:
+                target["reasoning_content"] = f"The user wants me to repeat {value}."
+            user = rng.choice(REPEAT_PROMPTS).format(value=value)
+            examples.append(Example("chat", [{"role": "user", "content": user}], target, thinking,
+                                    [value]))
+        return Scene(None, [], examples)
+
+    def scene(self, index: int, examples: int, chat_only: bool = False) -> Scene:
+        rng = random.Random(f"{self.seed}:{self.held_out}:{index}")
+        system = rng.choice(SYSTEM_PROMPTS)
+        if chat_only:
+            return Scene(system, [], [self._chat(rng) for _ in range(examples)])
+        specs = rng.sample(CATALOG, rng.randint(2, 5))
+        tools = [tool_json(spec, rng, self.held_out) for spec in specs]
+        return Scene(system, tools, [self._example(rng, specs, tools) for _ in range(examples)])
+
+    def call_scene(self, index: int) -> Scene:
+        """A scene with one tool-call request (the held-out evaluation's unit)."""
+        rng = random.Random(f"{self.seed}:{self.held_out}:call:{index}")
+        system = rng.choice(SYSTEM_PROMPTS)
+        specs = rng.sample(CATALOG, rng.randint(2, 5))
+        tools = [tool_json(spec, rng, self.held_out) for spec in specs]
+        chosen = rng.randrange(len(specs))
+        return Scene(system, tools, [self.call_example(rng, specs[chosen], tools[chosen])])
+
+    def call_example(self, rng: random.Random, spec: ToolSpec, tool: dict[str, Any]) -> Example:
+        """One request for `spec` answered by a call (arguments limited to the declared schema)."""
+        declared = set(tool["function"]["parameters"]["properties"])
+        if spec.name == "shell" and rng.random() < 0.3:
+            command, train, held = rng.choice(SHELL_INTENTS)
+            user = rng.choice((held if self.held_out else train).split("/"))
+            args: dict[str, Any] = {"command": command}
+            novel: list[str] = []
+        else:
+            templates = [t for t in (spec.held_out if self.held_out else spec.train)
+                         if set(_placeholders(t, spec)) <= declared]
+            template = rng.choice(templates)
+            args, surfaces = self._fill(rng, spec, _placeholders(template, spec))
+            user = template.format(**surfaces)
+            novel = _strings({p.name: args[p.name] for p in spec.params
+                              if p.name in args and p.maker not in ("enum", "bool")})
+        thinking = rng.random() < self.thinking_share
+        call = {"id": f"call_{rng.randrange(16 ** 8):08x}", "type": "function",
+                "function": {"name": spec.name, "arguments": json.dumps(args, ensure_ascii=False)}}
+        target: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+        if thinking:
+            target["reasoning_content"] = _call_reasoning(spec, args)
+        return Example("call", [{"role": "user", "content": user}], target, thinking,
+                       _strings(args), (spec.name, args), novel)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _example(self, rng: random.Random, specs: list[ToolSpec], tools: list[dict[str, Any]]
+                 ) -> Example:
+        roll = rng.random()
+        if roll < 0.1:
+            return self._chat(rng)
+        index = rng.randrange(len(specs))
+        call = self.call_example(rng, specs[index], tools[index])
+        if roll < 0.3:
+            return self._answer(rng, specs[index], call)
+        return call
+
+    def _answer(self, rng: random.Random, spec: ToolSpec, call: Example) -> Example:
+        """The turn after the call: the tool's result comes back and the model answers from it."""
+        _, args = call.expected_call
+        fields = {**{k: _surface_of(v) for k, v in args.items()}, **self._result_fields(rng, args)}
+        result = spec.result.format(**fields)
+        answer = spec.answer.format(result=result, **fields)
+        history = dict(call.target)
+        if rng.random() < 0.5:
+            history.pop("reasoning_content", None)  # clients often drop earlier reasoning
+        messages = call.messages + [history, {"role": "tool", "tool_call_id":
+                                              call.target["tool_calls"][0]["id"], "content": result}]
+        target: dict[str, Any] = {"role": "assistant", "content": answer}
+        if call.thinking:
+            target["reasoning_content"] = f"The tool returned {result}. I will answer."
+        return Example("answer", messages, target, call.thinking,
+                       call.copy_values + [result], None, call.novel_values)
+
+    def _chat(self, rng: random.Random) -> Example:
+        prompts, answer = rng.choice(CHAT)
+        thinking = rng.random() < self.thinking_share
+        target: dict[str, Any] = {"role": "assistant", "content": answer}
+        if thinking:
+            target["reasoning_content"] = "The user is chatting. I will reply briefly."
+        user = rng.choice(prompts.split("/"))
+        return Example("chat", [{"role": "user", "content": user}], target, thinking)
+
+    def _fill(self, rng: random.Random, spec: ToolSpec, names: list[str]
+              ) -> tuple[dict[str, Any], dict[str, str]]:
+        args: dict[str, Any] = {}
+        surfaces: dict[str, str] = {}
+        for param in spec.params:
+            if param.name in names:
+                args[param.name], surfaces[param.name] = self._value(rng, param)
+        return args, surfaces
+
+    def _value(self, rng: random.Random, param: Param) -> tuple[Any, str]:
+        kind, _, spec = param.maker.partition(":")
+        if kind in ("enum", "bool"):
+            choice = rng.choice(list(param.phrases))
+            value: Any = {"true": True, "false": False}.get(choice, choice) if kind == "bool" else choice
+            return value, rng.choice(param.phrase_options(choice, self.held_out))
+        if kind == "int":
+            low, high = map(int, spec.split(":"))
+            number = rng.randint(low, high)
+            return number, str(number)
+        if kind == "num":
+            low, high = map(int, spec.split(":"))
+            halves = rng.randint(low * 2, high * 2)
+            number = halves // 2 if halves % 2 == 0 else halves / 2
+            return number, str(number)
+        if kind == "list":
+            items = list(dict.fromkeys(values.MAKERS[spec](rng, self.held_out)
+                                       for _ in range(rng.randint(1, 3))))
+            return items, _surface_of(items)
+        text = values.MAKERS[kind](rng, self.held_out)
+        return text, text
+
+    def _result_fields(self, rng: random.Random, args: dict[str, Any]) -> dict[str, str]:
+        return {"condition": rng.choice(CONDITIONS), "temperature": f"{rng.randint(-5, 35)}C",
+                "output": "/home/alice" if args.get("command") == "pwd" else "done",
+                "price": f"{rng.randint(20, 900)}.{rng.randint(0, 99):02d}",
+                "sentence": values.sentence(rng, self.held_out),
+                "file_name": values.file_name(rng, self.held_out)}
+
+
+def tool_json(spec: ToolSpec, rng: random.Random, held_out: bool) -> dict[str, Any]:
+    """The declared tool: required parameters always, each optional one with probability 0.7."""
+    params = [p for p in spec.params if p.name in spec.required or rng.random() < 0.7]
+    parameters: dict[str, Any] = {"type": "object",
+                                  "properties": {p.name: p.schema for p in params},
+                                  "required": list(spec.required)}
+    if rng.random() < 0.6:
+        parameters["additionalProperties"] = False
+    function: dict[str, Any] = {"name": spec.name, "description": spec.description,
+                                "parameters": parameters}
+    if rng.random() < 0.5:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _placeholders(template: str, spec: ToolSpec) -> list[str]:
+    return [p.name for p in spec.params if "{" + p.name + "}" in template]
+
+
+def _surface_of(value: Any) -> str:
+    if isinstance(value, list):
+        items = [str(v) for v in value]
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _strings(args: dict[str, Any]) -> list[str]:
+    found: list[str] = []
+    for value in args.values():
+        found.extend(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
+    return found
+
+
+def _call_reasoning(spec: ToolSpec, args: dict[str, Any]) -> str:
+    details = ", ".join(f"{key} {_surface_of(value)}" for key, value in args.items())
+    return f"The user wants {spec.name} with {details}. I will call the tool."

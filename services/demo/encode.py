@@ -1,0 +1,111 @@
+"""Scenes → token ids: the gateway's own rendering, the real V4 tokenizer, a loss mask.
+
+The prompt is exactly what the frontend renders (`render_chat_request`) and tokenizes. The
+completion is the text the frontend would render for the target assistant turn (prompt + target
+minus prompt). Its tokenization follows the prompt where the completion copies a value: a value is
+tokenized as it appears in the prompt (the first token's leading space dropped after `">` or a
+quote), so that copying is a token-for-token operation. The completion's text is unchanged — the
+grammar and the parser see the same characters either way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tokenizers import Tokenizer
+
+from services.demo.dialogs import Example, Scene
+from services.frontend.chat_format import render_chat_request
+from services.frontend.tokenizer import TOKENIZER_FILE, bundled_tokenizer_dir
+
+SPACE = "Ġ"  # the byte-level alphabet's space
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    example: Example
+
+
+@dataclass(frozen=True)
+class EncodedScene:
+    prefix_ids: list[int]      # BOS + system prompt (tools included): shared by every example
+    examples: list[EncodedExample]
+    scene: Scene
+
+
+class SceneEncoder:
+    def __init__(self) -> None:
+        self.tokenizer = Tokenizer.from_file(str(bundled_tokenizer_dir() / TOKENIZER_FILE))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def scene(self, scene: Scene) -> EncodedScene:
+        # BOS + the system turn (tools included); an absent system message renders as "".
+        prefix_ids = self.encode(render_chat_request(
+            {"messages": [{"role": "system", "content": scene.system or ""}], "tools": scene.tools}
+        ).text)
+        encoded = [self.example(scene.request(example), example) for example in scene.examples]
+        for item in encoded:
+            if item.prompt_ids[:len(prefix_ids)] != prefix_ids:
+                raise AssertionError("a scene's prompts must all start with its system prefix")
+        return EncodedScene(prefix_ids, encoded, scene)
+
+    def example(self, request: dict[str, Any], example: Example) -> EncodedExample:
+        prompt = render_chat_request(request).text
+        full = render_chat_request({**request, "messages": request["messages"] + [example.target]}
+                                   ).text
+        if not full.startswith(prompt):
+            raise AssertionError("the rendered turn must extend the rendered prompt")
+        prompt_ids = self.encode(prompt)
+        completion = self.completion_ids(full[len(prompt):], example.copy_values, prompt_ids)
+        return EncodedExample(prompt_ids, completion, example)
+
+    def completion_ids(self, text: str, copied: Iterable[str], prompt_ids: list[int]) -> list[int]:
+        """Tokens of `text`, copied values segmented as in the prompt (canonical elsewhere)."""
+        spans = _spans(text, sorted(set(v for v in copied if v), key=len, reverse=True))
+        ids: list[int] = []
+        cursor = 0
+        for start, end in spans:
+            spaced = start > 0 and text[start - 1] == " "
+            ids += self.encode(text[cursor:start - spaced])
+            ids += self._copied(text[start - spaced:end], spaced, prompt_ids)
+            cursor = end
+        ids += self.encode(text[cursor:])
+        if self.tokenizer.decode(ids, skip_special_tokens=False) != text:
+            raise AssertionError(f"completion tokens do not spell the completion: {text!r}")
+        return ids
+
+    def _copied(self, value: str, spaced: bool, prompt_ids: list[int]) -> list[int]:
+        """The value's tokens as they occur in the prompt, or its canonical tokens."""
+        if spaced:
+            return self.encode(value)
+        bare = self.encode(value)
+        if _contains(prompt_ids, bare):
+            return bare
+        spaced_ids = self.encode(" " + value)
+        first = self.tokenizer.id_to_token(spaced_ids[0])
+        stripped = self.tokenizer.token_to_id(first[1:]) if first.startswith(SPACE) else None
+        if stripped is not None and _contains(prompt_ids, spaced_ids):
+            return [stripped] + spaced_ids[1:]
+        return bare
+
+
+def _spans(text: str, values: list[str]) -> list[tuple[int, int]]:
+    """Non-overlapping (start, end) occurrences of the values in text, longest values first."""
+    taken: list[tuple[int, int]] = []
+    for value in values:
+        start = text.find(value)
+        while start >= 0:
+            end = start + len(value)
+            if all(end <= a or start >= b for a, b in taken):
+                taken.append((start, end))
+            start = text.find(value, end)
+    return sorted(taken)
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    n = len(needle)
+    return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))

@@ -1,0 +1,110 @@
+"""The demo checkpoint on disk: a compact form committed to git, expanded into the real format.
+
+Compact form (`services/demo/weights/`, a few MB): `config.json`; `body.safetensors` with every
+tensor of the checkpoint except the vocabulary-sized ones, already in their stored form (FP8 e4m3 +
+ue8m0 scales, packed FP4 + scales, bf16, f32); `vocab.safetensors` with the trained token ids, their
+`embed` and `head` rows (bf16) and the hash-routing table (uint8 [V, k]).
+
+Expansion writes a complete DeepSeek-V4 checkpoint directory (`config.json`, one safetensors shard,
+its index, the tokenizer files) in which `embed.weight` and `head.weight` are [129280, D]: trained
+rows where trained, every other row the mean of the trained rows (see docs/demo-model.md: such a
+token's logit is the mean of the trained logits, so it never wins the argmax).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Union
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from services.worker.model.checkpoint import INDEX_FILE, expected_tensors
+from services.worker.model.config import ModelConfig
+from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
+from services.frontend.tokenizer import bundled_tokenizer_dir
+
+COMPACT_DIR = Path(__file__).resolve().parent / "weights"
+COMPACT_FILES = ("config.json", "body.safetensors", "vocab.safetensors")
+HELDOUT_FILE = "heldout.json"
+SERVED_NAME = "dsv4-demo"   # the held-out evaluation prompts of the committed model
+SHARD = "model.safetensors"
+PathLike = Union[str, Path]
+
+
+def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.Tensor],
+                  vocab_ids: torch.Tensor, hash_table: torch.Tensor) -> Path:
+    """stored: the checkpoint's tensors in stored form with compact `embed.weight`/`head.weight`
+    rows ([Vt, D], in the order of `vocab_ids`) and no `tid2eid` tables."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    body = {n: t.contiguous() for n, t in stored.items() if n not in ("embed.weight", "head.weight")}
+    save_file(body, str(out / "body.safetensors"), metadata={"format": "pt"})
+    save_file({"ids": vocab_ids.to(torch.int32).contiguous(),
+               "embed": stored["embed.weight"].contiguous(), "head": stored["head.weight"].contiguous(),
+               "hash_table": hash_table.to(torch.uint8).contiguous()},
+              str(out / "vocab.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def expand(compact_dir: PathLike, out_dir: PathLike) -> Path:
+    """Write the full real-format checkpoint of a compact directory into `out_dir`."""
+    compact = Path(compact_dir)
+    config_json = json.loads((compact / "config.json").read_text(encoding="utf-8"))
+    config = ModelConfig.from_dict(config_json)
+    tensors = load_file(str(compact / "body.safetensors"))
+    vocab = load_file(str(compact / "vocab.safetensors"))
+    ids = vocab["ids"].to(torch.int64)
+    for name in ("embed", "head"):
+        tensors[f"{name}.weight"] = full_rows(vocab[name], ids, config.vocab_size)
+    table = vocab["hash_table"].to(torch.int64)
+    for name in expected_tensors(config):
+        if name.endswith("gate.tid2eid"):
+            tensors[name] = table
+    return write_checkpoint(out_dir, config_json, tensors)
+
+
+def full_rows(trained: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V, D] bf16: the trained rows at their ids, the mean of the trained rows everywhere else."""
+    mean = trained.float().mean(dim=0).to(trained.dtype)
+    rows = mean.expand(vocab_size, -1).clone()
+    rows[ids] = trained
+    return rows
+
+
+def write_checkpoint(out_dir: PathLike, config_json: dict, tensors: dict[str, torch.Tensor]
+                     ) -> Path:
+    """One shard + index + config + tokenizer files; every expected tensor must be present."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    expected = expected_tensors(ModelConfig.from_dict(config_json))
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ValueError(f"checkpoint tensors missing: {missing[:5]}")
+    ordered = {name: tensors[name].contiguous() for name in expected}
+    save_file(ordered, str(out / SHARD), metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in ordered.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {name: SHARD for name in sorted(ordered)}}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(bundled_tokenizer_dir() / name, out / name)
+    return out
+
+
+def compact_digest(compact_dir: PathLike = COMPACT_DIR) -> str:
+    digest = hashlib.sha256()
+    for name in COMPACT_FILES:
+        digest.update((Path(compact_dir) / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def default_demo_model_dir() -> Path:
+    """The trained demo model (the default model), expanded on first use into the checkpoint
+    cache (`$DSV4SERVE_CACHE` or ~/.cache/dsv4serve), in a folder keyed by the committed files'
+    hash. The directory itself is named `dsv4-demo`, the served model name by default."""
+    return materialize_once(cache_root() / f"demo-{compact_digest()}" / SERVED_NAME,
+                            lambda staging: expand(COMPACT_DIR, staging))

@@ -1,0 +1,180 @@
+"""Trainable parameters of the demo model and the tensors the runtime computes with.
+
+Master weights are float32. `model_tensors` turns them into the checkpoint's tensors as the
+runtime would load them: FP8 e4m3 (128×128 ue8m0 blocks) for projections, FP4 e2m1 (1×32 blocks)
+for routed experts, bfloat16 for the tensors stored in bf16 — quantization-aware training with a
+straight-through gradient (`w + (q(w) − w).detach()`). Embedding and head rows exist only for the
+trained vocabulary and are built from tied base vectors (see `vocab.py`).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from services.demo.vocab import RowMap, TrainedVocab
+from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
+from services.worker.model.config import ModelConfig
+from services.worker.model.dequant import (DEFAULT_FP8_BLOCK, dequant_fp4_rows, dequant_fp8_blocks,
+                                           quantize_fp4_rows, quantize_fp8_blocks)
+
+VOCAB_TENSORS = ("embed.weight", "head.weight")
+OUTPUT_GAINS = {"wo_b": 0.5, "w2": 0.5}
+HC_MIX_STD = 0.1
+SPACE_STD = 0.5
+
+
+def storage_kind(name: str, specs: dict[str, TensorSpec]) -> str:
+    """How the checkpoint stores `name`: "fp8", "fp4", "bf16", "f32" or "int"."""
+    spec = specs[name]
+    if spec.dtype == torch.int64:
+        return "int"
+    if name.removesuffix(".weight") + SCALE_SUFFIX in specs:
+        return "fp4" if spec.dtype == torch.int8 else "fp8"
+    return "bf16" if spec.dtype == torch.bfloat16 else "f32"
+
+
+def logical_shape(name: str, specs: dict[str, TensorSpec]) -> tuple[int, ...]:
+    """The float shape of a tensor (a packed FP4 tensor holds two values per byte)."""
+    shape = specs[name].shape
+    return (shape[0], shape[1] * 2) if specs[name].dtype == torch.int8 else shape
+
+
+def body_names(specs: dict[str, TensorSpec]) -> list[str]:
+    """Every float tensor of the checkpoint but the vocabulary rows (no `.scale` companions)."""
+    return [name for name in specs if not name.endswith(SCALE_SUFFIX)
+            and name not in VOCAB_TENSORS and storage_kind(name, specs) != "int"]
+
+
+class DemoParameters(torch.nn.Module):
+    def __init__(self, config: ModelConfig, vocab: TrainedVocab, seed: int):
+        super().__init__()
+        specs = expected_tensors(config)
+        self.names = body_names(specs)
+        self.body = torch.nn.ParameterList(
+            [torch.nn.Parameter(_init(name, logical_shape(name, specs), seed)) for name in self.names])
+        dim = config.hidden_size
+        self.bases = torch.nn.Parameter(_normal((vocab.num_bases, dim), 1.0, seed, "bases"))
+        self.space_embed = torch.nn.Parameter(_normal((dim,), SPACE_STD, seed, "space_embed"))
+        self.space_head = torch.nn.Parameter(_normal((dim,), SPACE_STD, seed, "space_head"))
+        self.embed_delta = torch.nn.Parameter(torch.zeros(len(vocab), dim))
+        self.head_delta = torch.nn.Parameter(torch.zeros(len(vocab), dim))
+
+    def embed_rows(self, vocab: TrainedVocab) -> torch.Tensor:
+        """[Vt, D] float32: the trained rows of `embed.weight`."""
+        return self.bases[vocab.base] + vocab.spaced[:, None] * self.space_embed + self.embed_delta
+
+    def head_rows(self, vocab: TrainedVocab) -> torch.Tensor:
+        """[Vt, D] float32: the trained rows of `head.weight` (tied to the embedding's bases)."""
+        tied = self.bases[vocab.base] + vocab.spaced[:, None] * self.space_head
+        return tied * self.bases.shape[1] ** -0.5 + self.head_delta
+
+    def body_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.body))
+
+
+def model_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, TensorSpec],
+                  hash_table: torch.Tensor, quantized: bool, rows: RowMap
+                  ) -> dict[str, torch.Tensor]:
+    """Compact-vocabulary checkpoint tensors as the runtime loads them (float32, int64 tables),
+    with the rows of `rows`: untrained ids get the mean of the trained rows, as in the exported
+    checkpoint."""
+    body = params.body_tensors()
+    tensors = _fake_quantize_grouped(body, specs) if quantized else dict(body)
+    fake = _fake_quantize if quantized else (lambda kind, w: w)
+    for name, trained in (("embed.weight", params.embed_rows(vocab)),
+                          ("head.weight", params.head_rows(vocab))):
+        trained = fake("bf16", trained)
+        mean = trained.mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
+        tensors[name] = torch.cat([trained, fake("bf16", mean)])
+    for name in specs:
+        if name.endswith("gate.tid2eid"):
+            tensors[name] = hash_table[torch.tensor(rows.ids)].to(torch.int64)
+    return tensors
+
+
+def stored_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, TensorSpec],
+                   quantized: bool) -> dict[str, torch.Tensor]:
+    """Every tensor but `tid2eid` in its stored form (`.scale` companions included), with compact
+    vocabulary rows; unquantized: bf16 wherever the quantized checkpoint stores FP8/FP4."""
+    stored: dict[str, torch.Tensor] = {}
+    for name, weight in params.body_tensors().items():
+        kind = storage_kind(name, specs)
+        if not quantized and kind in ("fp8", "fp4"):
+            kind = "bf16"
+        parts = quantize_for_storage(kind, weight)
+        stored[name] = parts[0]
+        if len(parts) == 2:
+            stored[name.removesuffix(".weight") + SCALE_SUFFIX] = parts[1]
+    stored["embed.weight"] = params.embed_rows(vocab).detach().to(torch.bfloat16)
+    stored["head.weight"] = params.head_rows(vocab).detach().to(torch.bfloat16)
+    return stored
+
+
+def hash_routing_table(config: ModelConfig, seed: int) -> torch.Tensor:
+    """uint8 [V, k]: the hash layers' experts per token (distinct per row), seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.rand(config.vocab_size, config.n_routed_experts, generator=generator)
+    return keys.argsort(dim=1)[:, :config.num_experts_per_tok].to(torch.uint8)
+
+
+def quantize_for_storage(kind: str, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A float tensor → its stored form: (fp8, scale), (packed fp4, scale), (bf16,) or (f32,)."""
+    weight = weight.detach().float()
+    if kind == "fp8":
+        return quantize_fp8_blocks(weight)
+    if kind == "fp4":
+        return quantize_fp4_rows(weight)
+    return (weight.to(torch.bfloat16),) if kind == "bf16" else (weight.contiguous(),)
+
+
+def _fake_quantize_grouped(body: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
+                           ) -> dict[str, torch.Tensor]:
+    """`_fake_quantize` of every tensor, with the matrices of one kind and input width stacked
+    along their rows first: scale blocks never straddle two matrices (FP4 blocks lie within a
+    row; FP8 groups take only matrices whose row count is a multiple of 128), so the values are
+    those of one call per matrix, and 240 expert matrices cost a handful of calls."""
+    groups: dict[tuple, list[str]] = {}
+    for name, weight in body.items():
+        kind = storage_kind(name, specs)
+        stackable = weight.dim() == 2 and (kind == "fp4" or
+                                           (kind == "fp8" and weight.shape[0] % DEFAULT_FP8_BLOCK[0] == 0))
+        groups.setdefault((kind, weight.shape[1]) if stackable else (name,), []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    for key, names in groups.items():
+        kind = storage_kind(names[0], specs)
+        served = _fake_quantize(kind, torch.cat([body[n] for n in names]))
+        out.update(zip(names, torch.split(served, [body[n].shape[0] for n in names])))
+    return out
+
+
+def _fake_quantize(kind: str, weight: torch.Tensor) -> torch.Tensor:
+    if kind == "fp8":
+        served = dequant_fp8_blocks(*quantize_for_storage(kind, weight), DEFAULT_FP8_BLOCK,
+                                    torch.float32)
+    elif kind == "fp4":
+        served = dequant_fp4_rows(*quantize_for_storage(kind, weight), torch.float32)
+    elif kind == "bf16":
+        served = weight.detach().to(torch.bfloat16).float()
+    else:
+        return weight
+    return weight + (served - weight).detach()
+
+
+def _init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
+    if leaf.endswith("norm"):
+        return torch.ones(shape)
+    if leaf.startswith("hc_") and leaf.endswith("_fn"):
+        return _normal(shape, HC_MIX_STD / shape[1] ** 0.5, seed, name)
+    if leaf.startswith("hc_") and leaf.endswith("_scale"):
+        return torch.ones(shape)
+    if leaf.startswith("hc_") or leaf in ("attn_sink", "ape", "bias"):
+        return torch.zeros(shape)
+    return _normal(shape, OUTPUT_GAINS.get(leaf, 1.0) / shape[1] ** 0.5, seed, name)
+
+
+def _normal(shape: tuple[int, ...], std: float, seed: int, name: str) -> torch.Tensor:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.randn(shape, generator=generator) * std

@@ -1,0 +1,111 @@
+"""`dsv4serve train-demo OUT_DIR` (also `python -m services.demo`): train the demo model.
+
+Seeded and resumable: run the same command again after an interruption and it continues from
+`OUT_DIR/train_state.pt` with the same data stream. Writes `metrics.jsonl`, `loss.png`,
+`accuracy.png`, `final_eval.json` and the compact checkpoint (`OUT_DIR/compact`, see export.py);
+`--install` copies the compact checkpoint and the plots into the package (`services/demo/weights`),
+which makes it the default model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+from services.demo import export
+from services.demo.architecture import demo_config_json
+from services.demo.evaluate import heldout_scenes, teacher_forced
+from services.demo.params import stored_tensors
+from services.demo.plots import write_plots
+from services.demo.trainer import TrainSettings, Trainer
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    defaults = TrainSettings()
+    parser = argparse.ArgumentParser(prog="dsv4serve train-demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path, help="training directory (state, metrics, plots)")
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
+    parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
+                        help="end the run after this step, before the schedule's end: evaluate "
+                             "and export (and install) as at the end")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--save-every", type=int, default=25, help="steps between saved states")
+    parser.add_argument("--eval-every", type=int, default=150, help="steps between held-out evals")
+    parser.add_argument("--eval-count", type=int, default=40, help="held-out prompts per eval")
+    parser.add_argument("--heldout-count", type=int, default=100,
+                        help=f"held-out prompts written to {export.HELDOUT_FILE} (the bench's set)")
+    parser.add_argument("--final-eval-count", type=int, default=100,
+                        help="how many of them the final teacher-forced evaluation scores")
+    parser.add_argument("--install", action="store_true",
+                        help=f"copy the result into {export.COMPACT_DIR} (the default model)")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args([] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    started = time.monotonic()
+    settings = TrainSettings(seed=args.seed, steps=args.steps,
+                             examples_per_scene=args.examples_per_scene)
+    trainer = Trainer(args.out_dir, settings)
+    evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count,
+                             trainer.training_values)
+    last = min(settings.steps, args.stop_after or settings.steps)
+    with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
+        while trainer.step_index < last:
+            record = trainer.train_step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['token_accuracy']:.3f}")
+            step = trainer.step_index
+            if step % args.eval_every == 0 or step == last:
+                exact = teacher_forced(trainer, evalset, quantized=True)["exact"]
+                trainer.history.append({"step": step, "heldout_exact": exact})
+                bar.write(f"step {step}: held-out exact completions {exact:.2%}")
+            if step % args.save_every == 0 or step == last:
+                _checkpoint(trainer, args.out_dir)
+    report = _finish(trainer, args, time.monotonic() - started)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _checkpoint(trainer: Trainer, out_dir: Path) -> None:
+    trainer.save()
+    with (out_dir / "metrics.jsonl").open("w", encoding="utf-8") as out:
+        out.writelines(json.dumps(record) + "\n" for record in trainer.history)
+    write_plots(trainer.history, out_dir)
+
+
+def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
+    """Final held-out evaluation (float and quantized), compact export, optional install."""
+    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.heldout_count,
+                            trainer.training_values)
+    evaluated = scenes[:args.final_eval_count]
+    report = {"steps": trainer.step_index, "wall_s_this_run": round(wall_s),
+              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+              "heldout_prompts": len(evaluated),
+              "before_quantization": teacher_forced(trainer, evaluated, quantized=False),
+              "after_quantization": teacher_forced(trainer, evaluated, quantized=True)}
+    (args.out_dir / "final_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    heldout = [{"request": s.scene.request(s.examples[0].example),
+                "expected": dict(zip(("name", "arguments"), s.examples[0].example.expected_call))}
+               for s in scenes]
+    (args.out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
+    stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
+    compact = export.write_compact(args.out_dir / "compact", demo_config_json(), stored,
+                                   trainer.vocab.ids, trainer.hash_table)
+    if args.install:
+        for path in [*compact.iterdir(), args.out_dir / "loss.png", args.out_dir / "accuracy.png",
+                     args.out_dir / "final_eval.json", args.out_dir / export.HELDOUT_FILE]:
+            export.COMPACT_DIR.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, export.COMPACT_DIR / path.name)
+    return report

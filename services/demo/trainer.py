@@ -1,0 +1,155 @@
+"""Training state and one optimisation step (resumable: everything lives in `train_state.pt`).
+
+The data stream is a pure function of (seed, step): `DialogGenerator.training_scenes(step)`.
+The trained vocabulary is scanned from exactly the scenes the run will learn from. Resuming from a saved state continues the exact same
+stream and schedule.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from services.demo import adapter
+from services.demo.architecture import demo_config
+from services.demo.dialogs import DialogGenerator
+from services.demo.encode import EncodedScene, SceneEncoder
+from services.demo.objective import SceneScores, scene_targets, score_scene
+from services.demo.params import DemoParameters, hash_routing_table, model_tensors
+from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
+from services.worker.model.checkpoint import expected_tensors
+from services.worker.model.transformer import DeepseekV4
+from services.worker.model.weights import ModelWeights
+
+STATE_FILE = "train_state.pt"
+DELTA_WEIGHT_DECAY = 0.1
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seed: int = 1
+    steps: int = 400
+    examples_per_scene: int = 12
+    learning_rate: float = 2e-3
+    warmup_steps: int = 60
+    mtp_weight: float = 0.3
+    clip_norm: float = 1.0
+
+
+class Trainer:
+    def __init__(self, out_dir: Path, settings: TrainSettings):
+        self.out_dir = out_dir
+        self.settings = settings
+        self.config = demo_config()
+        self.specs = expected_tensors(self.config)
+        self.encoder = SceneEncoder()
+        self.generator = DialogGenerator(settings.seed, held_out=False)
+        saved = self._load()
+        ids, self.training_values = ((saved["vocab_ids"], saved["training_values"]) if saved else
+                                     scan_training(settings.seed, settings.steps,
+                                                   settings.examples_per_scene))
+        self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
+        self.hash_table = (saved["hash_table"] if saved
+                           else hash_routing_table(self.config, settings.seed))
+        self.params = DemoParameters(self.config, self.vocab, settings.seed)
+        self.optimizer = torch.optim.AdamW(self._groups(), lr=settings.learning_rate,
+                                           betas=(0.9, 0.95))
+        self.step_index = 0
+        self.history: list[dict] = []
+        if saved:
+            self.params.load_state_dict(saved["params"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.step_index, self.history = saved["step"], saved["history"]
+
+    def model(self, quantized: bool = True, rows: Optional[RowMap] = None) -> DeepseekV4:
+        tensors = model_tensors(self.params, self.vocab, self.specs, self.hash_table, quantized,
+                                rows or self.vocab.rows())
+        return DeepseekV4(self.config, ModelWeights(tensors, torch.float32, "cpu"))
+
+    def train_step(self) -> dict:
+        index = self.step_index
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._learning_rate(index)
+        rows = self.vocab.rows()
+        model = self.model(rows=rows)
+        scores = [self.score(model, rows, scene, with_mtp=True)
+                  for scene in self._training_scenes(index)]
+        weights = [s.num_targets for s in scores]
+        loss = sum(s.loss * w for s, w in zip(scores, weights)) / sum(weights)
+        mtp_loss = sum(s.mtp_loss * w for s, w in zip(scores, weights)) / sum(weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        (loss + self.settings.mtp_weight * mtp_loss).backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params.parameters(), self.settings.clip_norm)
+        self.optimizer.step()
+        record = {"step": index + 1, "loss": loss.item(), "mtp_loss": mtp_loss.item(),
+                  "token_accuracy": _weighted(scores, "token_accuracy"),
+                  "mtp_accuracy": _weighted(scores, "mtp_accuracy"),
+                  "grad_norm": float(norm), "lr": self._learning_rate(index)}
+        self.history.append(record)
+        self.step_index += 1
+        return record
+
+    def _training_scenes(self, index: int) -> list[EncodedScene]:
+        """The step's scenes, each without the examples that hold an untrained token."""
+        kept_scenes = []
+        for scene in self.generator.training_scenes(index, self.settings.examples_per_scene):
+            encoded = self.encoder.scene(scene)
+            kept = [e for e in encoded.examples
+                    if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)]
+            if kept:
+                kept_scenes.append(EncodedScene(encoded.prefix_ids, kept, scene))
+        if not kept_scenes:
+            raise RuntimeError(f"training step {index} has no example inside the vocabulary")
+        return kept_scenes
+
+    def score(self, model: DeepseekV4, rows: RowMap, scene: EncodedScene, with_mtp: bool
+              ) -> SceneScores:
+        """Scores of the scene's examples on a model with `rows` (every token must have one)."""
+        examples = scene.examples
+        sequences = [rows.index(e.prompt_ids + e.completion_ids) for e in examples]
+        prefix = rows.index(scene.prefix_ids).tolist()
+        hidden = adapter.run_scene(model, prefix, [s.tolist() for s in sequences], with_mtp)
+        targets = scene_targets(sequences, [len(e.prompt_ids) for e in examples], hidden.start_pos)
+        return score_scene(model, hidden, targets)
+
+    def save(self) -> None:
+        state = {"params": self.params.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": self.step_index, "history": self.history,
+                 "vocab_ids": self.vocab.ids.tolist(), "training_values": self.training_values,
+                 "hash_table": self.hash_table,
+                 "settings": asdict(self.settings)}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        staging = self.out_dir / (STATE_FILE + ".tmp")
+        torch.save(state, staging)
+        os.replace(staging, self.out_dir / STATE_FILE)
+
+    def _load(self) -> Optional[dict]:
+        path = self.out_dir / STATE_FILE
+        if not path.is_file():
+            return None
+        saved = torch.load(path, weights_only=False)
+        if saved["settings"] != asdict(self.settings):
+            raise ValueError(f"{path} was written with other settings: {saved['settings']}")
+        return saved
+
+    def _groups(self) -> list[dict]:
+        deltas = [self.params.embed_delta, self.params.head_delta]
+        rest = [p for p in self.params.parameters() if all(p is not d for d in deltas)]
+        return [{"params": rest, "weight_decay": 0.0},
+                {"params": deltas, "weight_decay": DELTA_WEIGHT_DECAY}]
+
+    def _learning_rate(self, index: int) -> float:
+        s = self.settings
+        if index < s.warmup_steps:
+            return s.learning_rate * (index + 1) / s.warmup_steps
+        progress = (index - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
+        return s.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _weighted(scores: list[SceneScores], key: str) -> float:
+    total = sum(s.num_targets for s in scores)
+    return sum(getattr(s, key) * s.num_targets for s in scores) / total

@@ -1,0 +1,83 @@
+"""The trained vocabulary: the token ids the training data uses, and how their rows are tied.
+
+Only these rows of `embed` and `head` are trained (the others are never seen). A token spelled with
+a leading space (`Ġword`) shares a base vector with the same token without the space (`word`):
+copying a value from "in Paris" to `">Paris` is then one generic operation (drop the space
+direction) instead of one learned pair per word. The head shares the same base vectors (tied
+embeddings), so moving a token's vector to the output predicts that token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.demo.dialogs import DialogGenerator
+from services.demo.encode import SPACE, SceneEncoder
+
+@dataclass(frozen=True)
+class TrainedVocab:
+    ids: torch.Tensor          # int64 [Vt], ascending full-vocabulary ids
+    base: torch.Tensor         # int64 [Vt]: index of the row's base vector
+    spaced: torch.Tensor       # float32 [Vt]: 1 for a token with a leading space whose bare form exists
+    num_bases: int
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+    def rows(self, untrained: list[int] = ()) -> "RowMap":
+        """The model's rows: the trained ids, then `untrained` ids (rows = mean of the trained)."""
+        return RowMap(self.ids.tolist() + list(untrained), len(self))
+
+    def covers(self, token_ids: list[int]) -> bool:
+        return set(token_ids) <= self._members()
+
+    def _members(self) -> frozenset[int]:
+        return frozenset(self.ids.tolist())
+
+
+@dataclass(frozen=True)
+class RowMap:
+    """Full-vocabulary ids of a compact model's embedding/head rows, in row order."""
+
+    ids: list[int]
+    num_trained: int
+
+    def index(self, token_ids: list[int]) -> torch.Tensor:
+        row_of = {token_id: row for row, token_id in enumerate(self.ids)}
+        return torch.tensor([row_of[t] for t in token_ids], dtype=torch.int64)
+
+    @property
+    def untrained(self) -> list[int]:
+        return self.ids[self.num_trained:]
+
+
+def tie_structure(ids: list[int], encoder: SceneEncoder) -> TrainedVocab:
+    """Base index and space flag of every trained id (bases keyed by the bare token)."""
+    bases: dict[int, int] = {}
+    base_of: list[int] = []
+    spaced: list[float] = []
+    for token_id in ids:
+        text = encoder.tokenizer.id_to_token(token_id)
+        bare = encoder.tokenizer.token_to_id(text[1:]) if text.startswith(SPACE) else None
+        key = bare if bare is not None else token_id
+        base_of.append(bases.setdefault(key, len(bases)))
+        spaced.append(1.0 if bare is not None else 0.0)
+    return TrainedVocab(torch.tensor(ids, dtype=torch.int64), torch.tensor(base_of),
+                        torch.tensor(spaced), len(bases))
+
+
+def scan_training(seed: int, scenes: int, examples: int) -> tuple[list[int], list[str]]:
+    """Every token id and every copied value (argument strings, tool results) of the training
+    stream's scenes 0..scenes-1 — exactly the data a run of `scenes` steps learns from."""
+    encoder = SceneEncoder()
+    generator = DialogGenerator(seed, held_out=False)
+    found: set[int] = set()
+    copied: set[str] = set()
+    for index in range(scenes):
+        for scene in generator.training_scenes(index, examples):
+            for item in encoder.scene(scene).examples:
+                found.update(item.prompt_ids)
+                found.update(item.completion_ids)
+                copied.update(item.example.copy_values)
+    return sorted(found), sorted(copied)

@@ -1,0 +1,95 @@
+"""The synthetic conversations: rendered by the gateway's own chat format, typed arguments that
+validate against the declared schemas, and a held-out split that shares nothing with training."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from services.demo import lists, values
+from services.demo.dialogs import DialogGenerator
+from services.demo.encode import SceneEncoder
+from services.demo.evaluate import heldout_scenes
+from services.demo.tools import CATALOG
+from services.demo.vocab import scan_training, tie_structure
+from services.frontend.dsml_parser import parse_completion
+
+
+@pytest.fixture(scope="module")
+def encoder() -> SceneEncoder:
+    return SceneEncoder()
+
+
+def test_held_out_lists_templates_and_invented_names_never_occur_in_training() -> None:
+    for name, held in lists.HELDOUT.items():
+        assert not set(lists.pool(name, True)) & set(lists.pool(name, False)), name
+    assert not set(values.synthetic_names(True)) & set(values.synthetic_names(False))
+    for spec in CATALOG:
+        assert not set(spec.held_out) & set(spec.train), spec.name
+        for param in spec.params:
+            for value in param.phrases:
+                assert not (set(param.phrase_options(value, True))
+                            & set(param.phrase_options(value, False))), (spec.name, param.name)
+
+
+def test_a_scene_is_a_pure_function_of_seed_and_index() -> None:
+    first, again = DialogGenerator(5, False), DialogGenerator(5, False)
+    assert first.scene(3, 4) == again.scene(3, 4)
+    assert first.scene(3, 4) != first.scene(4, 4)
+
+
+@pytest.mark.parametrize("held_out", [False, True])
+def test_every_call_is_a_declared_tool_with_arguments_valid_for_its_schema(held_out: bool,
+                                                                          encoder) -> None:
+    generator = DialogGenerator(7, held_out, thinking_share=0.5)
+    for index in range(30):
+        scene = generator.scene(index, 4)
+        declared = {t["function"]["name"]: t["function"]["parameters"] for t in scene.tools}
+        for example in scene.examples:
+            if example.kind != "call":
+                continue
+            name, arguments = example.expected_call
+            jsonschema.validate(arguments, declared[name])
+            assert json.loads(example.target["tool_calls"][0]["function"]["arguments"]) == arguments
+
+
+def test_the_completion_parses_back_into_the_expected_call(encoder) -> None:
+    """What the model learns to write is what the gateway's parser turns into the call."""
+    generator = DialogGenerator(9, False, thinking_share=0.5)
+    checked = 0
+    for index in range(20):
+        scene = generator.scene(index, 3)
+        encoded = encoder.scene(scene)
+        for item in encoded.examples:
+            if item.example.kind != "call":
+                continue
+            text = encoder.tokenizer.decode(item.completion_ids, skip_special_tokens=False)
+            parsed = parse_completion(text, item.example.thinking, scene.tools)
+            (call,) = parsed.tool_calls
+            assert (call.name, call.arguments) == item.example.expected_call
+            checked += 1
+    assert checked >= 20
+
+
+def test_copied_values_are_tokenized_as_in_the_prompt(encoder) -> None:
+    """`">Reykjavik` is spelled with the tokens of " Reykjavik" in the user message (first token
+    without its space), so copying is token for token; the text is unchanged."""
+    prompt = encoder.encode("<｜User｜>Weather in Reykjavik?<｜Assistant｜></think>")
+    text = '<｜DSML｜parameter name="city" string="true">Reykjavik</｜DSML｜parameter>'
+    ids = encoder.completion_ids(text, ["Reykjavik"], prompt)
+    spaced = encoder.encode(" Reykjavik")
+    start = ids.index(encoder.tokenizer.token_to_id('">')) + 1
+    assert ids[start + 1:start + len(spaced)] == spaced[1:]
+    assert encoder.tokenizer.id_to_token(ids[start]) == encoder.tokenizer.id_to_token(spaced[0])[1:]
+    assert encoder.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_held_out_prompts_share_no_value_with_the_training_stream(encoder) -> None:
+    token_ids, training_values = scan_training(seed=1, scenes=12, examples=4)
+    vocab = tie_structure(token_ids, encoder)
+    scenes = heldout_scenes(vocab, encoder, 3, training_values)
+    for scene in scenes:
+        example = scene.examples[0].example
+        assert not set(example.novel_values) & set(training_values)
+        assert vocab.covers(scene.examples[0].completion_ids)
