@@ -320,7 +320,8 @@ def test_the_secure_compose_override_uses_only_flags_the_services_know() -> None
 
 class TestTopologyAgainstTheModel:
     @pytest.fixture(scope="class")
-    def ep16_dir(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    @classmethod
+    def ep16_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         from services.worker.model.tiny_checkpoint import preset_config
 
         out = tmp_path_factory.mktemp("ep16-config")
