@@ -34,24 +34,16 @@ class Deployment(ServiceProcesses):
             "--dist-init-addr", f"127.0.0.1:{self.store_port}",
             "--port", str(self.worker_ports[index]), "--kv-cache-memory", "64MiB"])
 
-    def __enter__(self) -> "Deployment":
-        try:
-            for index in range(len(self.worker_ranks)):
-                self.start_worker(index)
-            workers = ",".join(f"127.0.0.1:{port}" for port in self.worker_ports)
-            self._start("scheduler", "scheduler", [*self.extra, "--workers", workers,
-                                                   "--served-model-name", NAME,
-                                                   "--port", str(self.scheduler_port)])
-            self._start("frontend", "frontend", ["--served-model-name", NAME,
-                                                 "--scheduler", self.scheduler_address,
-                                                 "--port", str(self.frontend_port)])
-        except BaseException:
-            self.stop_all()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_all()
+    def start_all(self) -> None:
+        for index in range(len(self.worker_ranks)):
+            self.start_worker(index)
+        workers = ",".join(f"127.0.0.1:{port}" for port in self.worker_ports)
+        self._start("scheduler", "scheduler", [*self.extra, "--workers", workers,
+                                               "--served-model-name", NAME,
+                                               "--port", str(self.scheduler_port)])
+        self._start("frontend", "frontend", ["--served-model-name", NAME,
+                                             "--scheduler", self.scheduler_address,
+                                             "--port", str(self.frontend_port)])
 
     def wait_healthy(self, status: int = 200, timeout_s: float = READY_TIMEOUT_S) -> bool:
         with httpx.Client(base_url=self.base_url, trust_env=False) as http:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Callable, Optional, Self, TypeVar
 
 import httpx
 import pytest
@@ -89,6 +89,21 @@ class ServiceProcesses:
         self.log_dir = log_dir
         self.processes: dict[str, subprocess.Popen] = {}
 
+    def start_all(self) -> None:
+        """Starts every process of the set (a subclass says which)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start_all()
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
     def spawn(self, name: str, command: list[str], extra_env: Optional[dict[str, str]] = None) -> None:
         log = (self.log_dir / f"{name}.log").open("ab")
         self.processes[name] = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -139,17 +154,9 @@ class Services(ServiceProcesses):
         self.spawn(name, [sys.executable, "-m", f"services.{name}", *common, *args],
                    self.extra_env.get(name))
 
-    def __enter__(self) -> "Services":
-        try:
-            for name in ("worker", "scheduler", "frontend"):
-                self.start(name)
-        except BaseException:
-            self.stop_all()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop_all()
+    def start_all(self) -> None:
+        for name in ("worker", "scheduler", "frontend"):
+            self.start(name)
 
 def health_status(http: httpx.Client) -> int:
     """The frontend's /health status code, 0 when it does not answer."""
