@@ -52,12 +52,16 @@ class MtpDrafter:
         self._layer_id = cfg.num_hidden_layers
         self._prefix = "mtp.0."
         self._max_drafts = max_drafts
-        self._lockstep = model.collectives.expert_parallel
         self._stream_shape = (cfg.hc_mult, cfg.hidden_size)
         self.cache = PagedKvCache({self._layer_id: cfg.layer_ratio(self._layer_id)}, cfg.head_dim,
                                   cfg.index_head_dim, cfg.sliding_window, block_size, num_blocks,
                                   dtype, device)
         self._pending: dict[int, _Pending] = {}
+
+    def _lockstep(self) -> bool:
+        """Expert-parallel: every rank runs the draft passes, with zero rows when idle. Read at
+        call time: a rank builds its drafter before it joins the world (DeferredCollectives)."""
+        return self._model.collectives.expert_parallel
 
     @property
     def live_sequences(self) -> int:
@@ -83,7 +87,7 @@ class MtpDrafter:
                 hidden.append(seen.streams[:-1])
             self._pending[seen.seq_id] = _Pending(seen.start_pos + len(seen.token_ids) - 1,
                                                   seen.streams[-1], seen.block_tables)
-        if rows or self._lockstep:
+        if rows or self._lockstep():
             self._forward(rows, self._stacked(hidden))
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -95,10 +99,10 @@ class MtpDrafter:
         stream = {r.seq_id: self._pending[r.seq_id].stream for r in live}
         last = {r.seq_id: r.anchor_token for r in live}
         wanted = max((r.num_drafts for r in live), default=0)
-        passes = self._max_drafts if self._lockstep else min(wanted, self._max_drafts)
+        passes = self._max_drafts if self._lockstep() else min(wanted, self._max_drafts)
         for k in range(passes):
             live = [r for r in live if k < r.num_drafts and self._covers(r, k)]
-            if not live and not self._lockstep:
+            if not live and not self._lockstep():
                 break
             rows = [(r.seq_id, r.anchor_pos - 1 + k, [last[r.seq_id]],
                      self._pending[r.seq_id].block_tables) for r in live]
