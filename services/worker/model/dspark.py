@@ -104,11 +104,22 @@ class DSparkDrafter:
         expert collectives when there is none and the layout is expert-parallel)."""
         if not requests and not self._lockstep():
             return []
-        blocks = [self._block(request) for request in requests]
+        try:
+            blocks = [self._block(request) for request in requests]
+        except ValueError:
+            self._join_idle()
+            raise
         with torch.inference_mode():
             proposals = self._net.propose(blocks)
         return [Draft(tokens=p.tokens.tolist(), confidences=p.confidences.tolist())
                 for p in proposals]
+
+    def _join_idle(self) -> None:
+        """A refused request fails this step here, but the other ranks of an expert-parallel group
+        are entering the draft pass: join it with zero rows so they are not left waiting."""
+        if self._lockstep():
+            with torch.inference_mode():
+                self._net.propose([])
 
     def _block(self, request: DraftRequest) -> DraftBlock:
         """The request's block with its context, checked: the held main KV must end just before
