@@ -126,7 +126,7 @@ def decode_tok_s(batch: int, k: int, tokens: int, drafter_kind: str) -> tuple[fl
         reference = _greedy(runtime, prompts, tables, tokens + k + 1)
         runtime.drafter = OracleDrafter(reference)
     elif drafter_kind == "mtp":
-        runtime.drafter = MtpDrafter(runtime.model, 32, blocks * batch, torch.float32, "cpu")
+        runtime.drafter = MtpDrafter(runtime.model, 32, blocks * batch, torch.float32, "cpu", k)
     out = runtime.step([SequenceChunk(s, 0, prompts[s], tables[s], sample=True, num_proposals=k)
                         for s in range(batch)])
     outputs = {s: [out.sampled[s]] for s in range(batch)}

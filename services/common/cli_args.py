@@ -222,7 +222,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Option
 
 def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None:
     """--tp and --ep must divide what they split in the model (a FlagError names both), and the
-    model and layout must serve --speculative-config."""
+    model must serve --speculative-config."""
     if not hasattr(args, "tp"):
         return
     from services.worker.model.config import ConfigError, ModelConfig
@@ -235,8 +235,7 @@ def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None
         return  # the worker reports an unreadable model with its own, precise error
     try:
         check_topology(model, args.dp, args.tp, args.ep)
-        check_speculation(getattr(args, "speculative_config", None), model,
-                          topology_from_args(args))
+        check_speculation(getattr(args, "speculative_config", None), model)
     except (TopologyError, SpeculationError) as error:
         raise FlagError(f"{error} (model {model_dir})") from None
 

@@ -2,10 +2,11 @@
 
 Computed on the host before any rank starts, from `config.json`, the checkpoint's tensor index and
 `ModelRuntime.block_bytes` — no weights are loaded. Block capacity is `--num-blocks` when given,
-else the KV memory budget divided by the bytes one block costs in every group together. Every group
-gets the same count (`WorkerConfig.num_blocks` is per group): a prefix-cache hit at a block boundary
-needs, in each windowed group, the blocks just before it, so keeping every boundary of a cached
-prefix hittable takes as many blocks in each group as in the whole-sequence group.
+else the KV memory budget divided by the bytes one block costs in every group together (plus the
+MTP drafter's cache, which is paged with the same blocks). Every group gets the same count
+(`WorkerConfig.num_blocks` is per group): a prefix-cache hit at a block boundary needs, in each
+windowed group, the blocks just before it, so keeping every boundary of a cached prefix hittable
+takes as many blocks in each group as in the whole-sequence group.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from services.common.cli_values import MTP_METHOD
 from services.common.config import WorkerConfig
 from services.worker.speculation import check_speculation
 from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
@@ -86,10 +88,12 @@ def describe_model(config: WorkerConfig) -> ModelFacts:
     model = ModelConfig.from_json_file(Path(config.model_dir) / "config.json")
     topology = config.topology
     check_topology(model, topology.dp, topology.tp, topology.ep)
-    check_speculation(config.speculative, model, topology)
+    check_speculation(config.speculative, model)
     dtype_name = compute_dtype_name(config)
-    cost = ModelRuntime.block_bytes(model, config.block_size, getattr(torch, dtype_name))
-    num_blocks = blocks_per_group(config, cost.all_groups_block_bytes)
+    dtype = getattr(torch, dtype_name)
+    cost = ModelRuntime.block_bytes(model, config.block_size, dtype)
+    num_blocks = blocks_per_group(config, cost.all_groups_block_bytes
+                                  + drafter_block_bytes(config, model, dtype))
     groups = tuple(BlockGroupInfo(name, num_blocks, size, cost.group_windows[name])
                    for name, size in cost.group_block_bytes.items())
     return ModelFacts(
@@ -98,6 +102,18 @@ def describe_model(config: WorkerConfig) -> ModelFacts:
                                             checkpoint_fingerprint(config.model_dir)),
         compute_dtype=dtype_name, block_groups=groups,
         cache_families=cache_families(model, config.block_size, cost))
+
+
+def drafter_block_bytes(config: WorkerConfig, model: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes one block costs in the drafter's paged cache: MTP speculation pages the MTP layer's
+    rows with the target's block tables (mtp_drafter.py), so every block has them too. A DSpark
+    draft keeps a bounded window per sequence instead (dspark.py): 0 here."""
+    spec = config.speculative
+    if spec is None or spec.num_speculative_tokens == 0 or spec.method != MTP_METHOD:
+        return 0
+    mtp_layer = range(model.num_hidden_layers, model.num_hidden_layers + 1)
+    return ModelRuntime.block_bytes(model, config.block_size, dtype,
+                                    mtp_layer).all_groups_block_bytes
 
 
 def cache_families(model: ModelConfig, block_size: int,

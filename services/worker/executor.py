@@ -67,7 +67,10 @@ class PartitionExecutor:
     """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe.
 
     Every rank of a partition prepares the same rows (so their collectives agree); only the one that
-    `answers` (the partition's TP rank 0) samples and reports results.
+    `answers` (the partition's TP rank 0) reports results. A plain row samples there alone; a
+    speculative row (drafts to verify, proposals to make) samples on every rank, which all compute
+    the same logits: each then commits the same accepted drafts, and the drafter of each proposes
+    after the same bonus token, in the same collectives.
     """
 
     def __init__(self, runtime: StepRuntime, limits: PartitionLimits, answers: bool = True) -> None:
@@ -114,6 +117,7 @@ class PartitionExecutor:
                               block_tables={group: [0] for group in self._limits.block_groups},
                               sample=self._answers)
         self._runtime.step([chunk])
+        self._runtime.release(warm_up_seq_id)
 
     def _run(self, chunks: list[SequenceChunk]) -> list[RowOutcome]:
         """What the runtime made of each chunk; accepted drafts join the sequence's tokens."""
@@ -209,12 +213,13 @@ class PartitionExecutor:
                              token_ids=state.token_ids[start:end] + list(row.draft_token_ids),
                              block_tables={group: list(table)
                                            for group, table in state.block_tables.items()},
-                             sample=row.sample and self._answers, allowed_token_ids=allowed,
+                             sample=row.sample and (self._answers or _speculative(row)),
+                             allowed_token_ids=allowed,
                              token_bitmask=bitmask,
                              logit_bias=state.logit_bias if row.sample else None,
                              num_drafts=len(row.draft_token_ids),
                              draft_forced=list(row.draft_forced), draft_masks=draft_masks,
-                             num_proposals=row.num_proposals if self._answers else 0)
+                             num_proposals=row.num_proposals)
 
     def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
@@ -280,3 +285,7 @@ class PartitionExecutor:
                                if outcome.token is not None
                                else RowResult(row.seq_id, error="the runtime sampled no token"))
         return results
+
+
+def _speculative(row: ScheduledRow) -> bool:
+    return bool(row.draft_token_ids) or row.num_proposals > 0

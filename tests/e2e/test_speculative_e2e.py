@@ -1,7 +1,8 @@
 """Speculative decoding through the real services: a stack with MTP speculation (K=3) gives the
-tokens of the target-only session stack for every kind of request, and counts its drafts.
+tokens of the target-only session stack for every kind of request, and counts its drafts; so do
+a DSpark K=7 stack on one rank and one on dp2 × tp2 × ep4 (ranks drafting in lockstep).
 
-One speculative stack; the session stack (K=0) is the reference. Cases are combined into a few
+The session stack (K=0) is the reference. Cases are combined into a few
 concurrent batches: plain chat, thinking, constrained `required` / named / `auto`+strict tools
 (streamed and not), `response_format`, stop strings, a `max_tokens` cut inside a draft window,
 prompts longer than one chunk (64-token chunks here), EOS steered into the drafts by `logit_bias`,
@@ -37,6 +38,7 @@ TIME_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"], "additionalProperties": False}}}
 LONG_TEXT = " ".join(f"word{i}" for i in range(120))  # > 64 tokens: several prefill chunks
+PREFIX_TEXT = " ".join(f"line{i}" for i in range(160))  # > 128 + a block: a prefix hit is left
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +49,32 @@ def speculative(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     yield from launch_stack(tiny_model_dir, tmp_path_factory.mktemp("spec"), request, flags)
 
 
+DSPARK_K7 = ("--speculative-config", '{"method":"dspark","num_speculative_tokens":7}')
+
+
 @pytest.fixture(scope="module")
-def dspark_stack(tmp_path_factory: pytest.TempPathFactory,
-                 request: pytest.FixtureRequest) -> Iterator[RunningStack]:
-    """DSpark K=7 on tiny-dspark, whose target is tiny-a byte for byte (its draft is random)."""
+def tiny_dspark_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-dspark, whose target is tiny-a byte for byte (its draft is random)."""
     from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
 
-    model_dir = tmp_path_factory.mktemp("tiny-dspark")
-    write_tiny_checkpoint(model_dir, preset="tiny-dspark", seed=1)
-    flags = ("--speculative-config", '{"method":"dspark","num_speculative_tokens":7}')
-    yield from launch_stack(model_dir, tmp_path_factory.mktemp("dspark"), request, flags)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-dspark"), "tiny-dspark", seed=1)
+
+
+@pytest.fixture(scope="module")
+def dspark_stack(tiny_dspark_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """DSpark K=7 on tiny-dspark, one rank."""
+    yield from launch_stack(tiny_dspark_dir, tmp_path_factory.mktemp("dspark"), request, DSPARK_K7)
+
+
+@pytest.fixture(scope="module")
+def sharded_dspark_stack(tiny_dspark_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                         request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    """DSpark K=7 on tiny-dspark over dp2 × tp2 attention and ep4 experts: four ranks draft in
+    lockstep (TP gathers and EP exchanges inside the draft stages)."""
+    flags = ("--dp", "2", "--tp", "2", "--ep", "4", *DSPARK_K7)
+    yield from launch_stack(tiny_dspark_dir, tmp_path_factory.mktemp("sharded-dspark"), request,
+                            flags)
 
 
 def client_of(stack: RunningStack) -> openai.OpenAI:
@@ -135,6 +153,27 @@ def test_dspark_stack_gives_the_target_only_tokens(stack, dspark_stack, tiny_mod
     assert metric(dspark_stack, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
     assert wait_for(lambda: is_idle(scheduler_state(dspark_stack.scheduler_address)), 60)
     assert scheduler_state(dspark_stack.scheduler_address).num_live_draft_states == 0
+
+
+def test_a_sharded_dspark_stack_gives_the_target_only_tokens_and_survives_a_prefix_hit(
+        stack, sharded_dspark_stack, tiny_model_dir):
+    """Plain chat and constrained tool calls, streamed and not, on both partitions at once; then
+    a long prompt again, served from the prefix cache (DSpark leaves 128 tokens to compute, so
+    the drafter's context is rebuilt from them)."""
+    chosen = bodies(stack.served_model_name, steering_bias(tiny_model_dir))
+    prefix = {"model": stack.served_model_name, "temperature": 0, "max_tokens": 16,
+              "messages": [{"role": "user", "content": PREFIX_TEXT}]}
+    cases = [(chosen[0], False), (chosen[0], True), (chosen[6], False), (chosen[6], True),
+             (chosen[9], True), (prefix, False)]
+    reference = outcomes(stack, cases)
+    assert outcomes(sharded_dspark_stack, cases) == reference
+    address = sharded_dspark_stack.scheduler_address
+    hits_before = scheduler_state(address).prefix_cache_hits_total
+    assert outcomes(sharded_dspark_stack, [(prefix, True)]) == outcomes(stack, [(prefix, True)])
+    assert scheduler_state(address).prefix_cache_hits_total > hits_before
+    assert metric(sharded_dspark_stack, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
+    assert wait_for(lambda: is_idle(scheduler_state(address)), 60)
+    assert scheduler_state(address).num_live_draft_states == 0
 
 
 def test_sixteen_concurrent_speculative_requests_give_the_target_only_tokens(stack, speculative):

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from services.worker.model.checkpoint import CheckpointError
 from services.worker.model.checkpoint_specs import expected_tensors
+from services.worker.model.collectives import LocalCollectives
 from services.worker.model.config import ConfigError, ModelConfig
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark import DSparkDrafter
@@ -254,6 +255,31 @@ def test_proposing_without_the_context_before_the_anchor_names_the_sequence(
     with pytest.raises(ValueError, match="num_drafts"):
         drafter.propose([DraftRequest(10, anchor, 20, 0)])
     assert drafter.propose([DraftRequest(11, anchor, 0, 2)])[0].tokens
+
+
+class CountingExpertCollectives(LocalCollectives):
+    """One rank that behaves as an expert-parallel group of one, counting its draft passes."""
+
+    expert_parallel = True
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def begin_step(self, num_tokens: int) -> None:
+        self.passes += 1
+
+
+def test_a_refused_request_still_joins_the_expert_collectives(dspark_dir: Path) -> None:
+    """On an expert-parallel layout the other ranks enter the draft pass in this step: a request
+    refused here must not leave them waiting before its error propagates."""
+    collectives = CountingExpertCollectives()
+    runtime = ModelRuntime(RuntimeConfig(dspark_dir, torch.float32, "cpu", BLOCK_SIZE, 16),
+                           collectives=collectives)
+    drafter = DSparkDrafter(runtime.model)
+    with pytest.raises(ValueError, match="sequence 5: drafting at position 9"):
+        drafter.propose([DraftRequest(5, 7, 9, 3)])
+    assert collectives.passes == 1
+    assert drafter.propose([]) == [] and collectives.passes == 2
 
 
 def test_observe_rejects_taps_of_the_wrong_shape(runtime: ModelRuntime) -> None:

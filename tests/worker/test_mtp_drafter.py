@@ -21,7 +21,7 @@ PROMPT = [0] + list(range(5, 44))
 def runtime(tiny_model_dir: Path) -> ModelRuntime:
     runtime = ModelRuntime(RuntimeConfig(model_dir=tiny_model_dir, dtype=torch.float32,
                                          device="cpu", block_size=32, num_blocks=3 * BLOCKS))
-    runtime.drafter = MtpDrafter(runtime.model, 32, 3 * BLOCKS, torch.float32, "cpu")
+    runtime.drafter = MtpDrafter(runtime.model, 32, 3 * BLOCKS, torch.float32, "cpu", 3)
     return runtime
 
 

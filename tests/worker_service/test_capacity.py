@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from services.common.config import TopologyConfig, WorkerConfig
+from services.common.config import SpeculativeConfig, TopologyConfig, WorkerConfig
 from services.worker.capacity import describe_model
 from services.worker.model.config import ModelConfig
+from services.worker.model.kv_cache import PagedKvCache
 from services.worker.model.runtime import ModelRuntime
 
 FAMILIES = {"ori", "cmp_c4", "cmp_c128", "idx", "csa_state", "csa_inner_state", "hca_state"}
@@ -33,6 +34,22 @@ def test_capacity_divides_the_memory_budget_by_the_cost_of_one_block_in_every_gr
         "window": model.sliding_window, "compressed": 0, "csa_state": 8, "hca_state": 128}
     assert {name: group.bytes_per_block for name, group in groups.items()} == \
         cost.group_block_bytes
+
+
+def test_mtp_speculation_counts_its_paged_cache_in_the_memory_budget(tiny_model_dir, model):
+    """The MTP drafter pages its layer's rows with the target's blocks: one block costs the
+    target's groups plus what the drafter's cache allocates per block."""
+    target = ModelRuntime.block_bytes(model, 32, torch.float32).all_groups_block_bytes
+    mtp_layer = model.num_hidden_layers
+    drafter_cache = PagedKvCache({mtp_layer: model.layer_ratio(mtp_layer)}, model.head_dim,
+                                 model.index_head_dim, model.sliding_window, 32, 1,
+                                 torch.float32, "cpu")
+    drafter = sum(t.numel() * t.element_size() for group in drafter_cache.group_windows
+                  for t in drafter_cache.storage(group))
+    budget = 100 * (target + drafter) + 1
+    facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, kv_cache_memory_bytes=budget,
+                                        speculative=SpeculativeConfig("mtp", 3)))
+    assert drafter > 0 and facts.num_blocks_per_group == 100
 
 
 def test_num_blocks_flag_wins_over_the_budget(tiny_model_dir):

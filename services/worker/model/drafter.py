@@ -4,6 +4,12 @@ A drafter proposes `num_drafts` tokens after the newest committed token of a seq
 verifies them in one pass (runtime.py). It reads committed state only: `observe` is called with the
 tap-layer outputs of committed positions, never of a rejected draft, and `release` frees everything
 it keeps for a sequence on every exit path (finish, abort, preemption).
+
+On a sharded layout the drafter's layers hold the rank's share of the model and run its
+collectives, so every rank of a partition makes the same calls (all of them sample a speculative
+row and know its verdict), and `propose` is called on every step of every rank — with no requests
+when its partition drafts nothing — so the ranks of an expert-parallel group meet in the same
+collectives.
 """
 
 from __future__ import annotations
@@ -40,13 +46,22 @@ class Drafter(Protocol):
     def release(self, seq_id: int) -> None: ...
 
 
+@dataclass(frozen=True)
+class StreamObservation:
+    """Committed positions start_pos .. start_pos+n-1 of one sequence, for a `StreamDrafter`."""
+
+    seq_id: int
+    start_pos: int
+    streams: torch.Tensor              # [n, hc, D]: the target's last-layer hc streams
+    token_ids: list[int]               # the n tokens at those positions
+    block_tables: dict[str, list[int]]  # the sequence's (the drafter may page its own cache)
+
+
 @runtime_checkable
 class StreamDrafter(Drafter, Protocol):
     """A drafter that reads the target's last-layer hc streams and the paged caches (MTP): the
-    runtime calls `observe_streams` instead of `observe`."""
+    runtime calls `observe_streams` instead of `observe`, once per step with every chunk's
+    committed positions (an empty list when there are none), because observing runs the
+    drafter's own layer and its collectives."""
 
-    def observe_streams(self, seq_id: int, start_pos: int, streams: torch.Tensor,
-                        token_ids: list[int], block_tables: dict[str, list[int]]) -> None:
-        """Committed tokens only: streams [n, hc, D] of positions start_pos .. start_pos+n-1 and
-        the tokens at those positions; `block_tables` the sequence's (the drafter may page its own
-        cache with them)."""
+    def observe_streams(self, observations: list[StreamObservation]) -> None: ...

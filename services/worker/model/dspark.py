@@ -50,13 +50,17 @@ class DSparkDrafter:
         if not config.has_dspark:
             raise ConfigError("dspark_target_layer_ids: the checkpoint's config.json has no DSpark "
                               "draft (dspark_* fields and mtp.N stages); DSpark cannot run on it")
-        self._lockstep = model.collectives.expert_parallel
         self.tap_layer_ids: tuple[int, ...] = config.dspark_target_layer_ids
         self.window_size = config.sliding_window
         self._net = DSparkNetwork(model)
         self._hidden_size = config.hidden_size
         self._vocab_size = config.vocab_size
         self._windows: dict[int, _Window] = {}
+
+    def _lockstep(self) -> bool:
+        """Expert-parallel: every rank runs the draft passes, with zero rows when idle. Read at
+        call time: a rank builds its drafter before it joins the world (DeferredCollectives)."""
+        return self._net.model.collectives.expert_parallel
 
     @property
     def live_sequences(self) -> int:
@@ -98,13 +102,24 @@ class DSparkDrafter:
     def propose(self, requests: list[DraftRequest]) -> list[Draft]:
         """One batched draft pass over every request's block (a zero-row pass joining the
         expert collectives when there is none and the layout is expert-parallel)."""
-        if not requests and not self._lockstep:
+        if not requests and not self._lockstep():
             return []
-        blocks = [self._block(request) for request in requests]
+        try:
+            blocks = [self._block(request) for request in requests]
+        except ValueError:
+            self._join_idle()
+            raise
         with torch.inference_mode():
             proposals = self._net.propose(blocks)
         return [Draft(tokens=p.tokens.tolist(), confidences=p.confidences.tolist())
                 for p in proposals]
+
+    def _join_idle(self) -> None:
+        """A refused request fails this step here, but the other ranks of an expert-parallel group
+        are entering the draft pass: join it with zero rows so they are not left waiting."""
+        if self._lockstep():
+            with torch.inference_mode():
+                self._net.propose([])
 
     def _block(self, request: DraftRequest) -> DraftBlock:
         """The request's block with its context, checked: the held main KV must end just before

@@ -236,11 +236,14 @@ class ModelRuntime:
                              f"[0, {self.cfg.num_blocks}) where position {c.start_pos} reads")
 
     @staticmethod
-    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> BlockCost:
-        """Cache bytes of one logical block per group and family for the main layers. Compressor
-        rows are fp32 kv + score per token, 2c wide with overlap (ratio 4)."""
+    def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype,
+                    layer_ids: Optional[range] = None) -> BlockCost:
+        """Cache bytes of one logical block per group and family for `layer_ids` (default: the
+        main layers; the MTP drafter's cache holds the MTP layer). Compressor rows are fp32 kv +
+        score per token, 2c wide with overlap (ratio 4)."""
         elem, fp32 = torch.empty((), dtype=dtype).element_size(), 4
-        ratios = [config.layer_ratio(i) for i in range(config.num_hidden_layers)]
+        ids = range(config.num_hidden_layers) if layer_ids is None else layer_ids
+        ratios = [config.layer_ratio(i) for i in ids]
         n_c4, n_c128 = ratios.count(4), ratios.count(128)
         d, d_idx, bs = config.head_dim, config.index_head_dim, block_size
         families = {

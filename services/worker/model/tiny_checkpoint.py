@@ -143,6 +143,13 @@ PRESETS: dict[str, dict] = {
     },
 }
 
+# tiny-ep16's target with tiny-dspark's draft: the guide's DSpark deployment (dp4 × tp4, ep16,
+# K = 7) on 16 CPU ranks. The target is drawn first, so its tensors are tiny-ep16's byte for byte.
+PRESETS["tiny-ep16-dspark"] = {
+    **PRESETS["tiny-ep16"],
+    **{key: value for key, value in PRESETS["tiny-dspark"].items()
+       if key.startswith("dspark_") or key in ("n_mtp_layers", "compress_ratios")}}
+
 GAINS = {"wo_b": 0.3, "w2": 0.12}
 EMBED_STD = 1.0
 HEAD_LOGIT_STD = 3.0
