@@ -106,6 +106,9 @@ class StepMasks:
     def by_seq(self) -> dict[int, RowMask]:
         return {row.seq_id: row for row in self.rows}
 
+    def restricted_to(self, seq_ids: set[int]) -> "StepMasks":
+        return StepMasks(self.step_id, tuple(r for r in self.rows if r.seq_id in seq_ids))
+
 
 @dataclass
 class StepPlan:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Union
 
-from services.common.step_descriptors import ScheduledRow, StepPlan, StepResult, TokenMask
+from services.common.step_descriptors import (RowMask, ScheduledRow, StepMasks, StepPlan,
+                                              StepResult, TokenMask)
 from services.scheduler.errors import ErrorKind
+from services.scheduler.in_flight import InFlightRows, NextRow, token_wanted
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
@@ -53,6 +55,7 @@ class Scheduler:
         self._finished_seqs: list[int] = []  # dropped seq ids, until a plan tells the workers
         self._next_seq_id = 1
         self._next_step_id = 1
+        self.in_flight = InFlightRows()  # planned steps not committed yet
 
     # ---- queue entry and exit -------------------------------------------------------------
     @property
@@ -112,6 +115,7 @@ class Scheduler:
         if not plan.rows and not plan.finished_seq_ids:
             return None
         self._next_step_id += 1
+        self.in_flight.record(plan)
         return plan
 
     def _schedule_partition(self, queues: PartitionQueues, plan: StepPlan) -> None:
@@ -124,13 +128,16 @@ class Scheduler:
                 break
             if request.phase is not RequestPhase.RUNNING:
                 continue  # preempted by an earlier request of this loop
+            next_row = self.in_flight.next_row(request)
+            wanted = self._num_new_tokens(request, budget, next_row)
+            if wanted == 0:
+                continue  # its token in flight ends it, or its rows in flight cover it
             self.kv.release_outside_window(request.seq_id, request.num_computed_tokens)
-            num_new = self._make_room(queues, request, self._num_new_tokens(request, budget),
-                                      scheduled)
+            num_new = self._make_room(queues, request, wanted, scheduled, next_row.start)
             if num_new == 0:
                 blocked.append(request)
                 continue
-            row = self._row_or_fail(request, num_new, budget)
+            row = self._row_or_fail(request, next_row, num_new, budget)
             if row is None:
                 continue
             plan.rows.append(row)
@@ -141,19 +148,23 @@ class Scheduler:
         self._track_stall(queues, blocked,
                           progressed=budget < self.limits.max_num_batched_tokens)
 
-    def _num_new_tokens(self, request: Request, budget: int, start: Optional[int] = None) -> int:
-        num_new = request.num_tokens - (request.num_computed_tokens if start is None else start)
+    def _num_new_tokens(self, request: Request, budget: int, next_row: NextRow) -> int:
+        """Positions of the request's next row; 0 when a token in flight is sure to end it."""
+        total = next_row.total(request)
+        if next_row.placeholder and (total - len(request.prompt_token_ids) >= request.max_tokens
+                                     or total >= self.limits.max_model_len):
+            return 0
+        num_new = total - next_row.start
         threshold = self.limits.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
 
     def _make_room(self, queues: PartitionQueues, request: Request, num_new: int,
-                   scheduled: set[int]) -> int:
+                   scheduled: set[int], start: int) -> int:
         """Preempt others of the partition (memory_pressure.py) until `request` can cover
-        `num_new` more positions; with no victim left, as many as the free blocks cover.
-        Returns the positions to compute (0: blocked this step)."""
-        start = request.num_computed_tokens
+        `num_new` more positions from `start`; with no victim left, as many as the free blocks
+        cover. Returns the positions to compute (0: blocked this step)."""
         while not self.kv.can_allocate(request.seq_id, request.partition_id, start + num_new):
             victim = pick_victim(queues, request, scheduled, self.limits.constrained_preemption)
             if victim is None:
@@ -180,7 +191,7 @@ class Scheduler:
             request = queues.waiting[0]
             prefix = self.prefix.lookup(request, pid)
             start = prefix.num_blocks * self.kv.block_size
-            wanted = self._num_new_tokens(request, budget, start)
+            wanted = self._num_new_tokens(request, budget, NextRow(start, False))
             num_new = self.kv.tokens_that_fit_start(pid, prefix, wanted)
             if num_new < wanted and queues.running:
                 break  # wait for room rather than start a chunk the running requests squeeze
@@ -228,13 +239,19 @@ class Scheduler:
         self._by_seq[seq_id] = request
         queues.running.append(request)
 
-    def _row_or_fail(self, request: Request, num_new: int, budget: int) -> Optional[ScheduledRow]:
+    def _row_or_fail(self, request: Request, next_row: NextRow, num_new: int,
+                     budget: int) -> Optional[ScheduledRow]:
         """A running request's row (with its draft window when speculating); None when the
-        grammar raised (the request failed, the step goes on)."""
-        end = request.num_computed_tokens + num_new
+        grammar raised (the request failed, the step goes on). A row after a token in flight gets
+        its mask later (`follow_masks`)."""
+        end = next_row.start + num_new
+        if next_row.placeholder:
+            return scheduled_row(self.kv, request, num_new, None, start=next_row.start,
+                                 after_placeholder=True)
         if not speculating(self.limits, request, end):
             mask = self._mask_or_fail(request, end)
-            return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask)
+            return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask,
+                                                              start=next_row.start)
         try:
             return speculative_row(self.limits, self.kv, request, num_new, budget)
         except Exception as error:  # a grammar bug must not take the batch down
@@ -269,6 +286,7 @@ class Scheduler:
     # ---- results --------------------------------------------------------------------------
     def commit(self, plan: StepPlan, result: StepResult) -> None:
         """Advance computed tokens, commit sampled tokens, finish or fail requests."""
+        self.in_flight.settle(plan.step_id)
         self.counters.steps_total += 1
         by_seq = {r.seq_id: r for r in result.results}
         for row in plan.rows:
@@ -280,6 +298,7 @@ class Scheduler:
                 self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
                                                        f"{request.request_id}: {row_result.error}")
                 continue
+            wanted = token_wanted(row, request)
             accepted = row_result.num_accepted_drafts if row_result is not None else 0
             if accepted > len(row.draft_token_ids):
                 self.fail(request, ErrorKind.INTERNAL, f"worker accepted {accepted} of "
@@ -288,8 +307,31 @@ class Scheduler:
             request.num_computed_tokens += row.num_new_tokens + accepted
             request.num_known_tokens += accepted  # the worker appended the accepted drafts
             self.prefix.publish(request)  # the worker confirmed these positions
-            if row.sample:
+            if wanted:
                 self._commit_sample(request, row, row_result)
+
+    def fail_step(self, plan: StepPlan, error: str) -> None:
+        """The whole step failed on a worker: its requests fail."""
+        self.in_flight.settle(plan.step_id)
+        message = f"worker failed step {plan.step_id}: {error}"
+        for row in plan.rows:
+            request = self._by_seq.get(row.seq_id)
+            if request is not None:
+                self.fail(request, ErrorKind.INTERNAL, message)
+
+    def follow_masks(self, plan: StepPlan) -> Optional[StepMasks]:
+        """The masks of `plan`'s `mask_follows` rows, once every step before it is committed: a
+        row whose token is no longer wanted (finished request, forced tokens first) is discarded."""
+        rows = [self._follow_mask(row) for row in plan.rows if row.mask_follows]
+        return StepMasks(plan.step_id, tuple(rows)) if rows else None
+
+    def _follow_mask(self, row: ScheduledRow) -> RowMask:
+        request = self._by_seq.get(row.seq_id)
+        if request is None or not token_wanted(row, request):
+            return RowMask(row.seq_id, discard=True)
+        mask = self._mask_or_fail(request, row.end)
+        return RowMask(row.seq_id, mask=mask) if isinstance(mask, TokenMask) \
+            else RowMask(row.seq_id, discard=True)
 
     def _commit_sample(self, request: Request, row: ScheduledRow, row_result) -> None:
         if row_result is None or row_result.sampled_token_id is None:

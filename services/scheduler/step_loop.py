@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Awaitable, Callable, Optional
 
 from services.common.config import SchedulerConfig
 from services.scheduler.admission import AdmissionLimits, admit
@@ -26,7 +26,7 @@ from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.speculation import prefix_min_tokens, spec_policy
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
-from services.common.step_descriptors import StepPlan, StepResult
+from services.scheduler.step_pipeline import StepExecutor, StepPipeline
 from services.scheduler.worker_description import WorkerDescription
 
 log = logging.getLogger(__name__)
@@ -36,17 +36,14 @@ Command = Callable[[], None]
 QUEUE_FULL_RETRY_AFTER_S = 1
 
 
-class StepExecutor(Protocol):
-    """What the loop needs of the worker set."""
-
-    async def step(self, plan: StepPlan) -> StepResult: ...
-
-
 class StepLoop:
     def __init__(self, config: SchedulerConfig, executor: StepExecutor,
                  grammar_factory: GrammarFactory) -> None:
         self._config = config
-        self._executor = executor
+        # One step ahead with async scheduling; speculation plans from verified tokens only.
+        overlap = (config.async_scheduling
+                   and spec_policy(config.speculative).num_speculative_tokens == 0)
+        self._pipeline = StepPipeline(executor, depth=2 if overlap else 1)
         self._grammar_factory = grammar_factory
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._requests: dict[str, Request] = {}
@@ -125,11 +122,12 @@ class StepLoop:
         try:
             while True:
                 self._run_pending_commands()
-                plan = self._scheduler.schedule() if self._scheduler else None
-                if plan is None:
-                    await self._wait_for_command()
+                if await self._send_next_plan():
                     continue
-                await self._execute(plan)
+                if self._pipeline.busy:
+                    await self._unless_workers_lost(self._pipeline.complete_oldest(self._scheduler))
+                    continue
+                await self._wait_for_command()
         except Exception:
             log.exception("the step loop crashed; failing every live request")
             raise
@@ -152,23 +150,22 @@ class StepLoop:
             return
         command()
 
-    async def _execute(self, plan: StepPlan) -> None:
+    async def _send_next_plan(self) -> bool:
+        """Plan and send a step when the pipeline has room (one step ahead with async
+        scheduling); False when there was no room or nothing to plan."""
+        if self._scheduler is None or not self._pipeline.has_room:
+            return False
+        plan = self._scheduler.schedule()
+        if plan is None:
+            return False
+        await self._unless_workers_lost(self._pipeline.send(plan))
+        return True
+
+    async def _unless_workers_lost(self, operation: Awaitable[None]) -> None:
         try:
-            result = await self._executor.step(plan)
+            await operation
         except WorkerLost as lost:
             self._on_workers_lost(str(lost))
-            return
-        if result.error:
-            self._fail_step(plan, result.error)
-            return
-        self._scheduler.commit(plan, result)
-
-    def _fail_step(self, plan: StepPlan, error: str) -> None:
-        message = f"worker failed step {plan.step_id}: {error}"
-        for row in plan.rows:
-            request = self._scheduler.request_for_seq(row.seq_id)
-            if request is not None:
-                self._scheduler.fail(request, ErrorKind.INTERNAL, message)
 
     # ---- commands ---------------------------------------------------------------------------
     def _on_submit(self, params: GenerateParams, emit: EventSink) -> None:
@@ -309,6 +306,7 @@ class StepLoop:
         for request in list(self._requests.values()):
             self._fail_anywhere(request, ErrorKind.UNAVAILABLE, f"worker lost: {reason}")
         self._scheduler = None
+        self._pipeline.clear()
 
     def _fail_anywhere(self, request: Request, kind: ErrorKind, message: str) -> None:
         if request.phase is RequestPhase.GRAMMAR_PENDING:

@@ -22,20 +22,25 @@ def new_sequence(request: Request) -> NewSequence:
 
 def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
                   mask: Optional[TokenMask], window: DraftWindow = NO_DRAFTS,
-                  num_proposals: int = 0, allocate_to: int = 0) -> ScheduledRow:
-    """Allocate the blocks of `num_new` more positions (and the draft window's, up to
-    `allocate_to`); the row carries every block the workers do not know yet (a prefix hit's
-    shared blocks in the sequence's first row)."""
-    start = request.num_computed_tokens
+                  num_proposals: int = 0, allocate_to: int = 0, start: Optional[int] = None,
+                  after_placeholder: bool = False) -> ScheduledRow:
+    """Allocate the blocks of `num_new` more positions from `start` (default: the computed ones;
+    and the draft window's, up to `allocate_to`); the row carries every block the workers do not
+    know yet (a prefix hit's shared blocks in the sequence's first row). `after_placeholder`: the
+    request's next token is still in flight (in_flight.py): the worker feeds it, the mask follows."""
+    start = request.num_computed_tokens if start is None else start
+    total = request.num_tokens + after_placeholder
     kv.allocate(request.seq_id, request.partition_id, max(start + num_new, allocate_to))
     blocks = tuple(GroupBlocks(group, first, tuple(ids))
                    for group, (first, ids) in kv.take_unsent(request.seq_id).items())
     append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
-    request.num_known_tokens = request.num_tokens
+    request.num_known_tokens = total
     return ScheduledRow(
         seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
         append_token_ids=tuple(append), new_blocks=blocks,
-        sample=start + num_new == request.num_tokens, mask=mask,
+        sample=start + num_new == total, mask=mask,
+        append_last_sampled=after_placeholder,
+        mask_follows=after_placeholder and request.matcher is not None,
         partition_id=request.partition_id, draft_token_ids=tuple(window.token_ids),
         draft_forced=tuple(window.forced) if window.num_forced else (),
         draft_masks=tuple(window.masks[1:]), num_proposals=num_proposals)
