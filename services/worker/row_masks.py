@@ -8,7 +8,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from services.common.step_descriptors import ScheduledRow, TokenMask
+from services.common.step_descriptors import RowMask, ScheduledRow, TokenMask
+from services.worker.model.runtime import SequenceChunk
+from services.worker.model.sampling import NoAllowedToken, greedy_sample
 from services.worker.model.verification import sampled_offsets
 
 
@@ -65,3 +67,18 @@ def check_drafts(row: ScheduledRow) -> None:
     if row.mask is not None and len(row.draft_masks) != sampled_after_first:
         raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_masks)} draft masks for "
                        f"{sampled_after_first} sampled draft positions")
+
+
+def sample_with_late_mask(chunk: SequenceChunk, logits: torch.Tensor, late: Optional[RowMask],
+                          vocab_size: int) -> tuple[Optional[int], Optional[str]]:
+    """(token, error) of a `mask_follows` row once its mask came: greedy under the mask; a
+    discarded row samples unmasked (its answer is ignored)."""
+    if late is None:
+        return None, f"no mask followed for sequence {chunk.seq_id}"
+    if late.discard or late.mask is None:
+        return greedy_sample(logits, None, None, chunk.logit_bias), None
+    try:
+        allowed, bitmask = decode_token_mask(late.mask, vocab_size)
+        return greedy_sample(logits, allowed, bitmask, chunk.logit_bias), None
+    except (RowError, NoAllowedToken) as error:
+        return None, str(error)
