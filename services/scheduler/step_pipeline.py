@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
+from services.common.config import SchedulerConfig
 from services.common.step_descriptors import StepMasks, StepPlan, StepResult
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.speculation import spec_policy
 
 
 class StepExecutor(Protocol):
@@ -24,6 +26,13 @@ class StepExecutor(Protocol):
     async def receive(self, plan: StepPlan) -> StepResult: ...
 
     async def send_masks(self, plan: StepPlan, masks: StepMasks) -> None: ...
+
+
+def pipeline_depth(config: SchedulerConfig) -> int:
+    """Steps in flight at most: 2 with async scheduling, which is off with speculation (a draft
+    window is planned from verified tokens only)."""
+    speculating = spec_policy(config.speculative).num_speculative_tokens > 0
+    return 2 if config.async_scheduling and not speculating else 1
 
 
 class StepPipeline:

@@ -26,7 +26,7 @@ from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResul
                                               StepMasks, StepPlan, StepResult)
 from services.worker.model.runtime import SequenceChunk, StepOutput
 from services.worker.row_masks import (RowError, check_drafts, decode_token_mask,
-                                       sample_with_late_mask)
+                                       sample_late_rows)
 
 # Async scheduling: blocks until the masks of this step's `mask_follows` rows arrive.
 AwaitMasks = Callable[[], StepMasks]
@@ -131,7 +131,7 @@ class PartitionExecutor:
             for chunk in chunks:
                 chunk.sample = chunk.sample and chunk.seq_id not in late_seq_ids
             output = self._runtime.step(chunks, return_logits=True)
-            self._sample_late(chunks, output, await_masks(), late_seq_ids)
+            sample_late_rows(chunks, output, await_masks(), late_seq_ids, self._limits.vocab_size)
         n = len(chunks)
         outcomes = [RowOutcome(token, error, accepted, proposals) for token, error, accepted, proposals
                     in zip(output.sampled, output.errors or [None] * n,
@@ -140,17 +140,6 @@ class PartitionExecutor:
             if chunk.num_drafts and outcome.token is not None:
                 self._commit_drafts(chunk, outcome.num_accepted)
         return outcomes
-
-    def _sample_late(self, chunks: list[SequenceChunk], output: StepOutput, masks: StepMasks,
-                     late_seq_ids: set[int]) -> None:
-        late = masks.by_seq()
-        output.errors = output.errors or [None] * len(chunks)
-        for i, chunk in enumerate(chunks):
-            if chunk.seq_id in late_seq_ids:
-                output.sampled[i], error = sample_with_late_mask(
-                    chunk, output.logits[i], late.get(chunk.seq_id), self._limits.vocab_size)
-                if error is not None:
-                    output.errors[i] = error
 
     def _commit_drafts(self, chunk: SequenceChunk, num_accepted: int) -> None:
         state = self._sequences[chunk.seq_id]
