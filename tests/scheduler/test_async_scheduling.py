@@ -141,3 +141,21 @@ def test_worker_lost_mid_step_fails_the_live_requests_then_serves_as_before(asyn
             await stack.wait_idle()
             assert not worker.violations
     asyncio.run(scenario())
+
+
+def test_preemption_under_cache_pressure_keeps_outputs_exact_with_steps_in_flight():
+    """Requests preempted (and their blocks reused) while their rows are in flight."""
+    spec = FakeWorkerSpec(num_blocks=24, num_window_blocks=24)
+    prompts = {f"p{i}": [2 + i, 9, 4 * i + 1, 11, 6, i + 20, 3, 8] for i in range(6)}
+
+    async def scenario():
+        async with running_stack((spec,)) as stack:
+            answers = await asyncio.gather(*(stack.generate(rid, prompt, 16)
+                                             for rid, prompt in prompts.items()))
+            state = await stack.wait_idle()
+            assert not stack.workers[0].worker.violations
+            assert state.preemptions_total > 0  # the pressure this test is about
+            for prompt, messages in zip(prompts.values(), answers):
+                assert outcome(messages) == (reference_output(prompt, 16),
+                                             [(pb.FINISH_REASON_LENGTH, 16)])
+    asyncio.run(scenario())
