@@ -47,9 +47,12 @@ class TokenMask:
     bitmask: bytes = b""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledRow:
-    """Compute `num_new_tokens` positions of sequence `seq_id` from `num_computed_tokens` on."""
+    """Compute `num_new_tokens` positions of sequence `seq_id` from `num_computed_tokens` on.
+
+    Treated as immutable, but not frozen: one is built per running request per step, and a frozen
+    dataclass's __init__ took 3.0 µs against 1.3 µs for this one (256 rows: 0.43 ms per step)."""
 
     seq_id: int
     num_computed_tokens: int

@@ -10,16 +10,15 @@ committed; otherwise grammar-forced tokens came first (or the request is gone) a
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from services.common.step_descriptors import ScheduledRow, StepPlan
 from services.scheduler.requests import Request
 
 
-@dataclass(frozen=True)
-class NextRow:
-    """Where a request's next row starts, and whether a token still in flight precedes it."""
+class NextRow(NamedTuple):
+    """Where a request's next row starts, and whether a token still in flight precedes it (a
+    tuple: one is built per running request per step)."""
 
     start: int
     placeholder: bool
@@ -52,15 +51,14 @@ class InFlightRows:
         if settled != step_id:
             raise RuntimeError(f"step {step_id} settled while step {settled} is older")
 
-    def next_row(self, request: Request) -> NextRow:
-        """Planning starts after the newest uncommitted row of the request (there is at most one
-        uncommitted step while planning: the loop plans one step ahead)."""
-        row = self._newest_row(request.seq_id)
-        if row is None:
-            return NextRow(request.num_computed_tokens, False)
-        return NextRow(row.end, token_wanted(row, request))
+    def newest_rows(self) -> dict[int, ScheduledRow]:
+        """The rows of the newest uncommitted step by sequence (while planning there is at most
+        one uncommitted step: the loop plans one step ahead)."""
+        return self._steps[-1][1] if self._steps else {}
 
-    def _newest_row(self, seq_id: int) -> Optional[ScheduledRow]:
-        if not self._steps:
-            return None
-        return self._steps[-1][1].get(seq_id)
+
+def row_after(request: Request, in_flight: Optional[ScheduledRow]) -> NextRow:
+    """Planning starts after the request's row in flight, if any."""
+    if in_flight is None:
+        return NextRow(request.num_computed_tokens, False)
+    return NextRow(in_flight.end, token_wanted(in_flight, request))

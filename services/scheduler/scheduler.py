@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 
 from services.common.step_descriptors import ScheduledRow, StepPlan, TokenMask
 from services.scheduler.errors import ErrorKind
-from services.scheduler.in_flight import InFlightRows, NextRow
+from services.scheduler.in_flight import InFlightRows, NextRow, row_after
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
@@ -121,12 +121,13 @@ class Scheduler(StepResults):
         scheduled: set[int] = set()
         blocked: list[Request] = []
         preemptions_before = self.counters.preemptions_total
+        in_flight = self.in_flight.newest_rows()
         for request in list(queues.running):
             if budget == 0:
                 break
             if request.phase is not RequestPhase.RUNNING:
                 continue  # preempted by an earlier request of this loop
-            next_row = self.in_flight.next_row(request)
+            next_row = row_after(request, in_flight.get(request.seq_id))
             wanted = self._num_new_tokens(request, budget, next_row)
             if wanted == 0:
                 continue  # its token in flight ends it, or its rows in flight cover it
