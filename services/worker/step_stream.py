@@ -40,8 +40,11 @@ class StepInbox:
         return self._masks.setdefault(step_id, concurrent.futures.Future())
 
     def forget(self, step_id: int) -> None:
-        """The step is over (answered or failed)."""
-        self._masks.pop(step_id, None)
+        """The step is over: answered, failed, or given up by a cancelled call (then the ranks'
+        command thread may still wait for its masks: it gets an empty set)."""
+        future = self._masks.pop(step_id, None)
+        if future is not None and not future.done():
+            future.set_result(StepMasks(step_id))
         self._last_finished_step = max(self._last_finished_step, step_id)
 
     async def close(self) -> None:

@@ -136,6 +136,21 @@ class TestStepStream:
         assert [r.sampled_token_id for r in second.results] == [
             fake_next_token(len(PROMPT), [token]), 8]
 
+    def test_a_call_cancelled_while_a_step_awaits_its_masks_leaves_the_worker_serving(self, channel):
+        stream = StepStream(channel)
+        stream.send(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(6)],
+                                           rows=[prefill_row(6, [0, 1])]))
+        stream.send(worker_pb2.StepRequest(step_id=2, rows=[worker_pb2.ScheduledRow(
+            seq_id=6, num_computed_tokens=len(PROMPT), num_new_tokens=1, sample=True,
+            append_last_sampled=True, mask_follows=True)]))
+        stream.receive()
+        stream.cancel()  # step 2's masks never come
+        fresh = StepStream(channel)
+        reply = fresh.call(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(6)],
+                                                  rows=[prefill_row(6, [0, 1])]))
+        fresh.close()
+        assert [r.sampled_token_id for r in reply.results] == [fake_next_token(0, PROMPT)]
+
     def test_row_error_leaves_neighbours_computed(self, channel):
         stream = StepStream(channel)
         reply = stream.call(worker_pb2.StepRequest(
