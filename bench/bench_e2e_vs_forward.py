@@ -2,6 +2,7 @@
 constrained decoding per token.
 
     python bench/bench_e2e_vs_forward.py [--model DIR] [--batch 8] [--prompt-len 32] [--steps 16]
+                                         [--async-scheduling both|on|off]
 
 1. Bare forward: `ModelRuntime.step` alone — `--batch` sequences prefilled in one step, one warm-up
    decode step, then `--steps` timed decode steps of `--batch` single-token rows.
@@ -12,7 +13,9 @@ constrained decoding per token.
 3. Constrained vs unconstrained: mean inter-token latency of streaming chat requests at batch 1 and
    `--batch`, with a strict tool and `tool_choice: "auto"` (the grammar runs every step while the
    model writes free text) against the same request without tools.
-Both sides use one intra-op thread (the worker's default on CPU). Default model: tiny-a.
+Both sides use one intra-op thread (the worker's default on CPU). Default model: tiny-a. Parts 2
+and 3 run once per scheduler mode asked (`both`: async scheduling on, then off, side by side), each
+end-to-end figure with its ratio to the bare forward.
 """
 from __future__ import annotations
 
@@ -88,17 +91,20 @@ STRICT_TOOL = {"type": "function", "function": {
                    "required": ["query"], "additionalProperties": False}}}
 
 
-def measure_end_to_end(model_dir: Path, batch: int, prompt_len: int, steps: int) -> None:
+def measure_end_to_end(model_dir: Path, batch: int, prompt_len: int, steps: int,
+                       async_scheduling: bool, forward: DecodeFigures) -> None:
     from bench.stack_load import (LocalStack, concurrent_streams, decode_tokens_per_s,
                                   mean_inter_token_ms, token_prompts)
 
-    with LocalStack(model_dir, ("--max-num-seqs", str(max(8, batch)))) as stack:
+    mode = "--async-scheduling" if async_scheduling else "--no-async-scheduling"
+    with LocalStack(model_dir, ("--max-num-seqs", str(max(8, batch)), mode)) as stack:
         completion = {"model": "bench", "max_tokens": steps + 1, "temperature": 0}
         concurrent_streams(stack.base_url, "/v1/completions", [{**completion, "prompt": [0, 5, 6]}])  # warm-up
         streams = concurrent_streams(stack.base_url, "/v1/completions",
                                      [{**completion, "prompt": p} for p in token_prompts(batch, prompt_len)])
-        print(f"end-to-end decode model={model_dir.name} batch={batch}: "
-              f"{decode_tokens_per_s(streams):.1f} tok/s")
+        tokens_per_s = decode_tokens_per_s(streams)
+        print(f"end-to-end decode model={model_dir.name} batch={batch} {mode}: {tokens_per_s:.1f} "
+              f"tok/s, {tokens_per_s / forward.tokens_per_s:.3f}x the bare forward")
         for size in (1, batch):
             chat = {"model": "bench", "max_tokens": steps + 1, "temperature": 0,
                     "messages": [{"role": "user", "content": "Say something."}]}
@@ -106,7 +112,7 @@ def measure_end_to_end(model_dir: Path, batch: int, prompt_len: int, steps: int)
             constrained = concurrent_streams(stack.base_url, "/v1/chat/completions",
                                              [{**chat, "tools": [STRICT_TOOL], "tool_choice": "auto"}] * size)
             a, b = mean_inter_token_ms(plain), mean_inter_token_ms(constrained)
-            print(f"inter-token latency batch={size}: unconstrained {a:.1f} ms, constrained (auto, strict "
+            print(f"inter-token latency batch={size} {mode}: unconstrained {a:.1f} ms, constrained (auto, strict "
                   f"tool) {b:.1f} ms, ratio {b / a:.3f}")
 
 
@@ -120,6 +126,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--torch-threads", type=int, default=1, help="as the worker's default on CPU")
     parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--async-scheduling", choices=("both", "on", "off"), default="both",
+                        help="scheduler mode(s) of the end-to-end parts")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
     model_dir = args.model or default_model_dir()
@@ -129,7 +137,10 @@ def main(argv: Optional[list[str]] = None) -> None:
           f"device={args.device}: {figures.tokens_per_s:.1f} tok/s "
           f"({figures.ms_per_step:.1f} ms/step over {figures.steps} steps)")
     if not args.skip_end_to_end:
-        measure_end_to_end(model_dir, args.batch, args.prompt_len, args.steps)
+        for mode in ("on", "off"):
+            if args.async_scheduling in (mode, "both"):
+                measure_end_to_end(model_dir, args.batch, args.prompt_len, args.steps, mode == "on",
+                                   figures)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _PACKAGE_NAME = "dsv4serve"
 _SERVICES_DIR = Path(__file__).resolve().parents[1]

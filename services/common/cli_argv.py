@@ -39,6 +39,7 @@ def scheduler_argv(cfg: SchedulerConfig) -> list[str]:
             "--max-num-seqs", str(cfg.max_num_seqs),
             "--long-prefill-token-threshold", str(cfg.long_prefill_token_threshold),
             "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--async-scheduling" if cfg.async_scheduling else "--no-async-scheduling",
             "--preempt-constrained", cfg.preempt_constrained,
             "--generate-config", _generate_json(cfg.generate_defaults),
             "--max-waiting-requests", str(cfg.max_waiting_requests),

@@ -53,6 +53,9 @@ def _add_scheduling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the cached blocks of identical prompt prefixes, at every block boundary "
                         "(on by default; --no-enable-prefix-caching computes every prompt in full)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="plan and send step N+1 while step N runs on the workers (on by default; "
+                        "off with --speculative-config)")
     p.add_argument("--preempt-constrained", choices=("wait", "replay"), default="wait",
                    help="under cache pressure, constrained requests wait (default) or are preempted and "
                         "replay their committed output into a fresh grammar matcher on resume")

@@ -89,6 +89,8 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 128
     block_size: int = 32
     enable_prefix_caching: bool = True
+    # Overlapped step loop: step N+1 is planned and sent while step N runs (step_pipeline.py).
+    async_scheduling: bool = True
     # Cache pressure and constrained requests: "wait" (never preempted) or "replay" (preempted;
     # the matcher re-accepts the committed output on resume). See scheduler/memory_pressure.py.
     preempt_constrained: str = "wait"

@@ -47,9 +47,12 @@ class TokenMask:
     bitmask: bytes = b""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledRow:
-    """Compute `num_new_tokens` positions of sequence `seq_id` from `num_computed_tokens` on."""
+    """Compute `num_new_tokens` positions of sequence `seq_id` from `num_computed_tokens` on.
+
+    Treated as immutable, but not frozen: one is built per running request per step, and a frozen
+    dataclass's __init__ took 3.0 µs against 1.3 µs for this one (256 rows: 0.43 ms per step)."""
 
     seq_id: int
     num_computed_tokens: int
@@ -73,6 +76,41 @@ class ScheduledRow:
     draft_masks: tuple[TokenMask, ...] = ()
     # Ask the worker's drafter for this many proposals after the row's newest committed token.
     num_proposals: int = 0
+    # Overlapped scheduling (planned before the previous row's answer arrived): the token the
+    # sequence's previous row sampled comes before `append_token_ids`; with `mask_follows` the mask
+    # comes later, in a StepMasks message, and is awaited only to sample.
+    append_last_sampled: bool = False
+    mask_follows: bool = False
+
+    @property
+    def end(self) -> int:
+        """The position after the row's last computed (non-draft) one."""
+        return self.num_computed_tokens + self.num_new_tokens
+
+
+@dataclass(frozen=True)
+class RowMask:
+    """The mask of one `mask_follows` row; `discard`: its token is not wanted (sample unmasked,
+    the answer is ignored)."""
+
+    seq_id: int
+    mask: Optional[TokenMask] = None
+    discard: bool = False
+
+
+@dataclass(frozen=True)
+class StepMasks:
+    """The masks of step `step_id`'s `mask_follows` rows, sent once that step's dependencies are
+    committed (after its request, before the next step's)."""
+
+    step_id: int
+    rows: tuple[RowMask, ...] = ()
+
+    def by_seq(self) -> dict[int, RowMask]:
+        return {row.seq_id: row for row in self.rows}
+
+    def restricted_to(self, seq_ids: set[int]) -> "StepMasks":
+        return StepMasks(self.step_id, tuple(r for r in self.rows if r.seq_id in seq_ids))
 
 
 @dataclass
@@ -87,6 +125,11 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(row.num_new_tokens for row in self.rows)
+
+    @property
+    def masks_follow(self) -> bool:
+        """Some row's mask comes in a later StepMasks message."""
+        return any(row.mask_follows for row in self.rows)
 
     def restricted_to(self, partition_ids: frozenset[int]) -> "StepPlan":
         """The part of the plan for a worker holding `partition_ids` (same step id)."""

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from services.common.pb.dsv4serve.v1 import worker_pb2
-from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
-                                              StepPlan, StepResult, TokenMask)
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask, RowResult,
+                                              ScheduledRow, StepMasks, StepPlan, StepResult,
+                                              TokenMask)
 
 
 def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
@@ -31,7 +32,28 @@ def _row_to_proto(row: ScheduledRow) -> worker_pb2.ScheduledRow:
     message.draft_forced.extend(row.draft_forced)
     message.draft_masks.extend(_mask_to_proto(mask) for mask in row.draft_masks)
     message.num_proposals = row.num_proposals
+    message.append_last_sampled = row.append_last_sampled
+    message.mask_follows = row.mask_follows
     return message
+
+
+def masks_to_proto(masks: StepMasks) -> worker_pb2.StepRequest:
+    """A masks message: a StepRequest with only `masks` set (no step)."""
+    rows = [worker_pb2.RowMask(seq_id=row.seq_id, discard=row.discard,
+                               mask=_mask_to_proto(row.mask) if row.mask is not None else None)
+            for row in masks.rows]
+    return worker_pb2.StepRequest(masks=worker_pb2.StepMasks(step_id=masks.step_id, rows=rows))
+
+
+def is_masks_message(request: worker_pb2.StepRequest) -> bool:
+    return request.HasField("masks")
+
+
+def masks_from_proto(request: worker_pb2.StepRequest) -> StepMasks:
+    return StepMasks(step_id=request.masks.step_id, rows=tuple(
+        RowMask(seq_id=row.seq_id, discard=row.discard,
+                mask=_mask_from_proto(row.mask) if row.HasField("mask") else None)
+        for row in request.masks.rows))
 
 
 def _mask_to_proto(mask: TokenMask) -> worker_pb2.TokenMask:
@@ -68,7 +90,9 @@ def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
                         draft_token_ids=tuple(row.draft_token_ids),
                         draft_forced=tuple(row.draft_forced),
                         draft_masks=tuple(_mask_from_proto(m) for m in row.draft_masks),
-                        num_proposals=row.num_proposals)
+                        num_proposals=row.num_proposals,
+                        append_last_sampled=row.append_last_sampled,
+                        mask_follows=row.mask_follows)
 
 
 def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:

@@ -10,6 +10,10 @@ from services.scheduler.errors import ErrorKind, SchedulerError
 from services.scheduler.requests import AdmittedEvent, EventSink, GenerateParams, Request
 
 
+# Retry-After of a back-pressure refusal: about how long a step batch takes to drain a few requests.
+QUEUE_FULL_RETRY_AFTER_S = 1
+
+
 @dataclass(frozen=True)
 class AdmissionLimits:
     max_model_len: int
@@ -61,3 +65,12 @@ def _check_prompt(params: GenerateParams, limits: AdmissionLimits) -> None:
         raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
                              f"logit_bias token id {bad_bias} is outside the vocabulary "
                              f"(size {limits.vocab_size})")
+
+
+def check_queue_room(limit: int, queued: int) -> None:
+    """Back-pressure: refuse when `limit` (--max-waiting-requests; 0: none) requests are already
+    queued (waiting, including preempted ones, plus grammar-pending)."""
+    if limit and queued >= limit:
+        raise SchedulerError(ErrorKind.UNAVAILABLE,
+                             f"overloaded: {queued} requests are queued (--max-waiting-requests "
+                             f"{limit}); retry later", retry_after_s=QUEUE_FULL_RETRY_AFTER_S)

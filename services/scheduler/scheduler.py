@@ -20,8 +20,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Union
 
-from services.common.step_descriptors import ScheduledRow, StepPlan, StepResult, TokenMask
+from services.common.step_descriptors import ScheduledRow, StepPlan, TokenMask
 from services.scheduler.errors import ErrorKind
+from services.scheduler.in_flight import InFlightRows, NextRow, row_after
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
@@ -29,15 +30,14 @@ from services.scheduler.partitions import PartitionQueues, choose_partition
 from services.scheduler.prefix_cache import PrefixCache, PrefixCachePolicy
 from services.scheduler.requests import (FailedEvent, FinishedEvent, FinishReason, Request,
                                          RequestPhase)
-from services.scheduler.speculation import (commit_verified_row, first_row, speculating,
-                                            speculative_row)
+from services.scheduler.speculation import first_row, speculating, speculative_row
+from services.scheduler.step_results import StepResults
 from services.scheduler.step_rows import grammar_mask, new_sequence, scheduled_row
-from services.scheduler.token_commit import commit_sampled_token
 
 _FAILED = object()  # sentinel of _mask_or_fail: the request was failed
 
 
-class Scheduler:
+class Scheduler(StepResults):
     def __init__(self, limits: SchedulingLimits, kv: KvCacheManager,
                  counters: Optional[SchedulerCounters] = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -53,6 +53,7 @@ class Scheduler:
         self._finished_seqs: list[int] = []  # dropped seq ids, until a plan tells the workers
         self._next_seq_id = 1
         self._next_step_id = 1
+        self.in_flight = InFlightRows()  # planned steps not committed yet
 
     # ---- queue entry and exit -------------------------------------------------------------
     @property
@@ -112,6 +113,7 @@ class Scheduler:
         if not plan.rows and not plan.finished_seq_ids:
             return None
         self._next_step_id += 1
+        self.in_flight.record(plan)
         return plan
 
     def _schedule_partition(self, queues: PartitionQueues, plan: StepPlan) -> None:
@@ -119,18 +121,22 @@ class Scheduler:
         scheduled: set[int] = set()
         blocked: list[Request] = []
         preemptions_before = self.counters.preemptions_total
+        in_flight = self.in_flight.newest_rows()
         for request in list(queues.running):
             if budget == 0:
                 break
             if request.phase is not RequestPhase.RUNNING:
                 continue  # preempted by an earlier request of this loop
+            next_row = row_after(request, in_flight.get(request.seq_id))
+            wanted = self._num_new_tokens(request, budget, next_row)
+            if wanted == 0:
+                continue  # its token in flight ends it, or its rows in flight cover it
             self.kv.release_outside_window(request.seq_id, request.num_computed_tokens)
-            num_new = self._make_room(queues, request, self._num_new_tokens(request, budget),
-                                      scheduled)
+            num_new = self._make_room(queues, request, wanted, scheduled, next_row.start)
             if num_new == 0:
                 blocked.append(request)
                 continue
-            row = self._row_or_fail(request, num_new, budget)
+            row = self._row_or_fail(request, next_row, num_new, budget)
             if row is None:
                 continue
             plan.rows.append(row)
@@ -141,19 +147,23 @@ class Scheduler:
         self._track_stall(queues, blocked,
                           progressed=budget < self.limits.max_num_batched_tokens)
 
-    def _num_new_tokens(self, request: Request, budget: int, start: Optional[int] = None) -> int:
-        num_new = request.num_tokens - (request.num_computed_tokens if start is None else start)
+    def _num_new_tokens(self, request: Request, budget: int, next_row: NextRow) -> int:
+        """Positions of the request's next row; 0 when a token in flight is sure to end it."""
+        total = next_row.total(request)
+        if next_row.placeholder and (total - len(request.prompt_token_ids) >= request.max_tokens
+                                     or total >= self.limits.max_model_len):
+            return 0
+        num_new = total - next_row.start
         threshold = self.limits.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         return min(num_new, budget)
 
     def _make_room(self, queues: PartitionQueues, request: Request, num_new: int,
-                   scheduled: set[int]) -> int:
+                   scheduled: set[int], start: int) -> int:
         """Preempt others of the partition (memory_pressure.py) until `request` can cover
-        `num_new` more positions; with no victim left, as many as the free blocks cover.
-        Returns the positions to compute (0: blocked this step)."""
-        start = request.num_computed_tokens
+        `num_new` more positions from `start`; with no victim left, as many as the free blocks
+        cover. Returns the positions to compute (0: blocked this step)."""
         while not self.kv.can_allocate(request.seq_id, request.partition_id, start + num_new):
             victim = pick_victim(queues, request, scheduled, self.limits.constrained_preemption)
             if victim is None:
@@ -180,7 +190,7 @@ class Scheduler:
             request = queues.waiting[0]
             prefix = self.prefix.lookup(request, pid)
             start = prefix.num_blocks * self.kv.block_size
-            wanted = self._num_new_tokens(request, budget, start)
+            wanted = self._num_new_tokens(request, budget, NextRow(start, False))
             num_new = self.kv.tokens_that_fit_start(pid, prefix, wanted)
             if num_new < wanted and queues.running:
                 break  # wait for room rather than start a chunk the running requests squeeze
@@ -228,13 +238,19 @@ class Scheduler:
         self._by_seq[seq_id] = request
         queues.running.append(request)
 
-    def _row_or_fail(self, request: Request, num_new: int, budget: int) -> Optional[ScheduledRow]:
+    def _row_or_fail(self, request: Request, next_row: NextRow, num_new: int,
+                     budget: int) -> Optional[ScheduledRow]:
         """A running request's row (with its draft window when speculating); None when the
-        grammar raised (the request failed, the step goes on)."""
-        end = request.num_computed_tokens + num_new
+        grammar raised (the request failed, the step goes on). A row after a token in flight gets
+        its mask later (`follow_masks`)."""
+        end = next_row.start + num_new
+        if next_row.placeholder:
+            return scheduled_row(self.kv, request, num_new, None, start=next_row.start,
+                                 after_placeholder=True)
         if not speculating(self.limits, request, end):
             mask = self._mask_or_fail(request, end)
-            return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask)
+            return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask,
+                                                              start=next_row.start)
         try:
             return speculative_row(self.limits, self.kv, request, num_new, budget)
         except Exception as error:  # a grammar bug must not take the batch down
@@ -265,49 +281,6 @@ class Scheduler:
                   f"request {victim.request_id} stalled: cache partition {queues.partition_id} "
                   f"has no free blocks for it and no request there could progress for "
                   f"{self.limits.stall_timeout_s:g}s; rejected to free the cache")
-
-    # ---- results --------------------------------------------------------------------------
-    def commit(self, plan: StepPlan, result: StepResult) -> None:
-        """Advance computed tokens, commit sampled tokens, finish or fail requests."""
-        self.counters.steps_total += 1
-        by_seq = {r.seq_id: r for r in result.results}
-        for row in plan.rows:
-            request = self._by_seq.get(row.seq_id)
-            if request is None:
-                continue
-            row_result = by_seq.get(row.seq_id)
-            if row_result is not None and row_result.error:
-                self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
-                                                       f"{request.request_id}: {row_result.error}")
-                continue
-            accepted = row_result.num_accepted_drafts if row_result is not None else 0
-            if accepted > len(row.draft_token_ids):
-                self.fail(request, ErrorKind.INTERNAL, f"worker accepted {accepted} of "
-                          f"{len(row.draft_token_ids)} drafts of request {request.request_id}")
-                continue
-            request.num_computed_tokens += row.num_new_tokens + accepted
-            request.num_known_tokens += accepted  # the worker appended the accepted drafts
-            self.prefix.publish(request)  # the worker confirmed these positions
-            if row.sample:
-                self._commit_sample(request, row, row_result)
-
-    def _commit_sample(self, request: Request, row: ScheduledRow, row_result) -> None:
-        if row_result is None or row_result.sampled_token_id is None:
-            self.fail(request, ErrorKind.INTERNAL,
-                      f"worker returned no sampled token for request {request.request_id}")
-            return
-        before = len(request.output_token_ids)
-        if row.num_proposals or row.draft_token_ids:
-            outcome = commit_verified_row(request, row, row_result, self.limits,
-                                          self.counters.spec,
-                                          self.limits.speculation.grammar_forced_drafts)
-        else:
-            outcome = commit_sampled_token(request, row_result.sampled_token_id, self.limits)
-        self.counters.generation_tokens_total += len(request.output_token_ids) - before
-        if outcome.error is not None:
-            self.fail(request, ErrorKind.INTERNAL, outcome.error)
-        elif outcome.finish is not None:
-            self._finish(request, outcome.finish, outcome.hit_max_model_len)
 
     # ---- release --------------------------------------------------------------------------
     def _finish(self, request: Request, reason: FinishReason,

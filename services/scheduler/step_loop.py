@@ -11,42 +11,31 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Awaitable, Callable, Optional
 
 from services.common.config import SchedulerConfig
-from services.scheduler.admission import AdmissionLimits, admit
+from services.scheduler.admission import AdmissionLimits, admit, check_queue_room
 from services.scheduler.errors import ErrorKind, SchedulerError, WorkerLost
 from services.scheduler.grammar_backend import GrammarBackend, GrammarFactory, compile_constraint
-from services.scheduler.kv_cache import KvCacheManager
-from services.scheduler.memory_pressure import ConstrainedPreemption
-from services.scheduler.prefix_cache import PrefixCachePolicy, root_hash
 from services.scheduler.requests import (AdmittedEvent, EventSink, FailedEvent, FinishedEvent,
                                          FinishReason, GenerateParams, Request, RequestPhase)
-from services.scheduler.limits import SchedulerCounters, SchedulingLimits
+from services.scheduler.limits import SchedulerCounters
 from services.scheduler.scheduler import Scheduler
-from services.scheduler.speculation import prefix_min_tokens, spec_policy
 from services.scheduler.state_view import RequestSnapshot, SchedulerSnapshot, snapshot_request
-from services.common.step_descriptors import StepPlan, StepResult
+from services.scheduler.step_pipeline import StepExecutor, StepPipeline, pipeline_depth
+from services.scheduler.world_scheduler import scheduler_for_world
 from services.scheduler.worker_description import WorkerDescription
 
 log = logging.getLogger(__name__)
 
 Command = Callable[[], None]
-# Retry-After of a back-pressure refusal: about how long a step batch takes to drain a few requests.
-QUEUE_FULL_RETRY_AFTER_S = 1
-
-
-class StepExecutor(Protocol):
-    """What the loop needs of the worker set."""
-
-    async def step(self, plan: StepPlan) -> StepResult: ...
 
 
 class StepLoop:
     def __init__(self, config: SchedulerConfig, executor: StepExecutor,
                  grammar_factory: GrammarFactory) -> None:
         self._config = config
-        self._executor = executor
+        self._pipeline = StepPipeline(executor, pipeline_depth(config))
         self._grammar_factory = grammar_factory
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._requests: dict[str, Request] = {}
@@ -125,11 +114,12 @@ class StepLoop:
         try:
             while True:
                 self._run_pending_commands()
-                plan = self._scheduler.schedule() if self._scheduler else None
-                if plan is None:
-                    await self._wait_for_command()
+                if await self._send_next_plan():
                     continue
-                await self._execute(plan)
+                if self._pipeline.busy:
+                    await self._unless_workers_lost(self._pipeline.complete_oldest(self._scheduler))
+                    continue
+                await self._wait_for_command()
         except Exception:
             log.exception("the step loop crashed; failing every live request")
             raise
@@ -152,23 +142,22 @@ class StepLoop:
             return
         command()
 
-    async def _execute(self, plan: StepPlan) -> None:
+    async def _send_next_plan(self) -> bool:
+        """Plan and send a step when the pipeline has room (one step ahead with async
+        scheduling); False when there was no room or nothing to plan."""
+        if self._scheduler is None or not self._pipeline.has_room:
+            return False
+        plan = self._scheduler.schedule()
+        if plan is None:
+            return False
+        await self._unless_workers_lost(self._pipeline.send(plan))
+        return True
+
+    async def _unless_workers_lost(self, operation: Awaitable[None]) -> None:
         try:
-            result = await self._executor.step(plan)
+            await operation
         except WorkerLost as lost:
             self._on_workers_lost(str(lost))
-            return
-        if result.error:
-            self._fail_step(plan, result.error)
-            return
-        self._scheduler.commit(plan, result)
-
-    def _fail_step(self, plan: StepPlan, error: str) -> None:
-        message = f"worker failed step {plan.step_id}: {error}"
-        for row in plan.rows:
-            request = self._scheduler.request_for_seq(row.seq_id)
-            if request is not None:
-                self._scheduler.fail(request, ErrorKind.INTERNAL, message)
 
     # ---- commands ---------------------------------------------------------------------------
     def _on_submit(self, params: GenerateParams, emit: EventSink) -> None:
@@ -195,7 +184,8 @@ class StepLoop:
             raise SchedulerError(ErrorKind.UNAVAILABLE, f"not ready: {self.not_ready_reason}")
         if self._refusal:
             raise SchedulerError(ErrorKind.UNAVAILABLE, self._refusal)
-        self._check_queue_room()
+        check_queue_room(self._config.max_waiting_requests,
+                         len(self._scheduler.waiting) + len(self._compiles))
         if params.request_id in self._requests:
             raise SchedulerError(ErrorKind.INVALID_ARGUMENT,
                                  f"request id {params.request_id!r} is already live")
@@ -208,16 +198,6 @@ class StepLoop:
                                  f"the prompt ({len(request.prompt_token_ids)} tokens) can never "
                                  f"fit the KV cache of one partition")
         return request, admitted
-
-    def _check_queue_room(self) -> None:
-        """Back-pressure: refuse when `max_waiting_requests` are already queued (waiting, including
-        preempted ones, plus grammar-pending)."""
-        limit = self._config.max_waiting_requests
-        queued = len(self._scheduler.waiting) + len(self._compiles)
-        if limit and queued >= limit:
-            raise SchedulerError(ErrorKind.UNAVAILABLE,
-                                 f"overloaded: {queued} requests are queued (--max-waiting-requests "
-                                 f"{limit}); retry later", retry_after_s=QUEUE_FULL_RETRY_AFTER_S)
 
     def _forgetting(self, request: Request, emit: EventSink) -> EventSink:
         """Wrap the sink so a terminal event also drops the request from the live table."""
@@ -280,22 +260,7 @@ class StepLoop:
         if self._grammar_build is None:
             self._grammar_build = asyncio.get_running_loop().create_task(
                 self._build_grammar(description), name="grammar service build")
-        kv = KvCacheManager(description.block_size,
-                            {pid: description.block_groups for pid in description.partition_ids})
-        limits = SchedulingLimits(
-            max_model_len=self._config.max_model_len, max_num_seqs=self._config.max_num_seqs,
-            max_num_batched_tokens=min(self._config.max_num_batched_tokens,
-                                       description.max_num_batched_tokens),
-            long_prefill_token_threshold=self._config.long_prefill_token_threshold,
-            stall_timeout_s=self._config.stall_timeout_s, eos_token_id=description.eos_token_id,
-            constrained_preemption=ConstrainedPreemption(self._config.preempt_constrained),
-            speculation=spec_policy(self._config.speculative))
-        prefix_policy = PrefixCachePolicy(
-            enabled=self._config.enable_prefix_caching,
-            root=root_hash(description.model_fingerprint, description.compute_dtype,
-                           description.block_size),
-            min_tokens_to_compute=prefix_min_tokens(self._config))
-        self._scheduler = Scheduler(limits, kv, self._counters, prefix_policy=prefix_policy)
+        self._scheduler = scheduler_for_world(self._config, description, self._counters)
         self.not_ready_reason = ""
 
     async def _build_grammar(self, description: WorkerDescription) -> GrammarBackend:
@@ -309,6 +274,7 @@ class StepLoop:
         for request in list(self._requests.values()):
             self._fail_anywhere(request, ErrorKind.UNAVAILABLE, f"worker lost: {reason}")
         self._scheduler = None
+        self._pipeline.clear()
 
     def _fail_anywhere(self, request: Request, kind: ErrorKind, message: str) -> None:
         if request.phase is RequestPhase.GRAMMAR_PENDING:

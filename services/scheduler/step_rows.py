@@ -22,23 +22,31 @@ def new_sequence(request: Request) -> NewSequence:
 
 def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
                   mask: Optional[TokenMask], window: DraftWindow = NO_DRAFTS,
-                  num_proposals: int = 0, allocate_to: int = 0) -> ScheduledRow:
-    """Allocate the blocks of `num_new` more positions (and the draft window's, up to
-    `allocate_to`); the row carries every block the workers do not know yet (a prefix hit's
-    shared blocks in the sequence's first row)."""
-    start = request.num_computed_tokens
-    kv.allocate(request.seq_id, request.partition_id, max(start + num_new, allocate_to))
+                  num_proposals: int = 0, allocate_to: int = 0, start: Optional[int] = None,
+                  after_placeholder: bool = False) -> ScheduledRow:
+    """Allocate the blocks of `num_new` more positions from `start` (default: the computed ones;
+    and the draft window's, up to `allocate_to`); the row carries every block the workers do not
+    know yet (a prefix hit's shared blocks in the sequence's first row). `after_placeholder`: the
+    request's next token is still in flight (in_flight.py): the worker feeds it, the mask follows."""
+    start = request.num_computed_tokens if start is None else start
+    num_tokens = request.num_tokens
+    total = num_tokens + after_placeholder
+    seq_id = request.seq_id
+    kv.allocate(seq_id, request.partition_id, max(start + num_new, allocate_to))
+    unsent = kv.take_unsent(seq_id)
     blocks = tuple(GroupBlocks(group, first, tuple(ids))
-                   for group, (first, ids) in kv.take_unsent(request.seq_id).items())
-    append = request.tokens_in_range(request.num_known_tokens, request.num_tokens)
-    request.num_known_tokens = request.num_tokens
-    return ScheduledRow(
-        seq_id=request.seq_id, num_computed_tokens=start, num_new_tokens=num_new,
-        append_token_ids=tuple(append), new_blocks=blocks,
-        sample=start + num_new == request.num_tokens, mask=mask,
-        partition_id=request.partition_id, draft_token_ids=tuple(window.token_ids),
+                   for group, (first, ids) in unsent.items()) if unsent else ()
+    append = request.tokens_in_range(request.num_known_tokens, num_tokens)
+    request.num_known_tokens = total
+    drafts = {} if window is NO_DRAFTS else dict(
+        draft_token_ids=tuple(window.token_ids),
         draft_forced=tuple(window.forced) if window.num_forced else (),
-        draft_masks=tuple(window.masks[1:]), num_proposals=num_proposals)
+        draft_masks=tuple(window.masks[1:]))
+    # Positional: this runs per running request per step (bench/bench_scheduler.py).
+    return ScheduledRow(seq_id, start, num_new, tuple(append), blocks, start + num_new == total,
+                        mask, request.partition_id, num_proposals=num_proposals,
+                        append_last_sampled=after_placeholder,
+                        mask_follows=after_placeholder and request.matcher is not None, **drafts)
 
 
 def grammar_mask(request: Request) -> TokenMask:

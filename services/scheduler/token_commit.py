@@ -26,6 +26,9 @@ class CommitOutcome:
     error: Optional[str] = None  # the request must fail with INTERNAL
 
 
+GOES_ON = CommitOutcome()  # the common outcome, built once (commit runs per row per step)
+
+
 def commit_sampled_token(request: Request, token_id: int, limits: StopLimits,
                          grammar_forced: bool = True) -> CommitOutcome:
     """Commit, stream and stop-check; a matcher that raises fails only this request.
@@ -48,12 +51,12 @@ def commit_verified(request: Request, first_pos: int, token_ids: list[int],
         position = first_pos + offset
         if position < request.num_tokens:
             if request.tokens_in_range(position, position + 1) != [token_id]:
-                return CommitOutcome()
+                return GOES_ON
             continue
         outcome = commit_sampled_token(request, token_id, limits, grammar_forced)
         if outcome.finish is not None or outcome.error is not None:
             return outcome
-    return CommitOutcome()
+    return GOES_ON
 
 
 def _commit(request: Request, token_id: int, limits: StopLimits,
@@ -68,13 +71,13 @@ def _commit(request: Request, token_id: int, limits: StopLimits,
     if token_id == limits.eos_token_id and _eos_stops(request):
         _note_grammar_state(request)
         return CommitOutcome(finish=FinishReason.STOP)
-    new_tokens = [token_id]
-    room = _room_left(request, limits)
-    if matcher is not None and grammar_forced and room > 0 and not matcher.is_terminated():
-        forced = matcher.forced_tokens(room)
+    new_tokens = (token_id,)
+    if matcher is not None and grammar_forced and not matcher.is_terminated():
+        room = _room_left(request, limits)
+        forced = matcher.forced_tokens(room) if room > 0 else []
         request.output_token_ids.extend(forced)
-        new_tokens.extend(forced)
-    request.emit(TokensEvent(tuple(new_tokens)))
+        new_tokens += tuple(forced)
+    request.emit(TokensEvent(new_tokens))
     _note_grammar_state(request)
     return _stop_after_tokens(request, limits)
 
@@ -101,4 +104,4 @@ def _stop_after_tokens(request: Request, limits: StopLimits) -> CommitOutcome:
         return CommitOutcome(finish=FinishReason.STOP)
     if len(request.output_token_ids) >= request.max_tokens or hit_max_model_len:
         return CommitOutcome(finish=FinishReason.LENGTH, hit_max_model_len=hit_max_model_len)
-    return CommitOutcome()
+    return GOES_ON

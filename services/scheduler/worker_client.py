@@ -15,12 +15,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from services.common.build_info import ABI_VERSION, build_id
 from services.common.config import TlsConfig
-from services.common.step_descriptors import StepPlan, StepResult, merge_results
-from services.common.step_protos import plan_to_proto
+from services.common.step_descriptors import StepMasks, StepPlan, StepResult, merge_results
+from services.common.step_protos import masks_to_proto, plan_to_proto
 from services.scheduler.errors import WorkerLost
 from services.scheduler.worker_connection import (HandshakeRefused, WorkerConnection,
                                                   WorkerStatusView, WorkerTimeouts,
@@ -207,18 +207,39 @@ class WorkerSet:
         self._wake.set()
 
     # ---- steps and readiness ----------------------------------------------------------------
-    async def step(self, plan: StepPlan) -> StepResult:
-        """Send the plan to every worker and merge the answers; raises WorkerLost."""
-        if not self.ready:
-            raise WorkerLost(self._lost_reason or "workers are not connected")
+    async def send(self, plan: StepPlan) -> None:
+        """Send the plan to every worker (each gets the rows of the partitions it holds) without
+        waiting for the answers; raises WorkerLost."""
         if len(self._connections) == 1:
             requests = [plan_to_proto(plan)]
-        else:  # each worker gets the rows of the partitions it holds
+        else:
             requests = [plan_to_proto(plan.restricted_to(frozenset(c.description.partition_ids)))
                         for c in self._connections]
+        await self._on_every_worker(lambda c, i: c.send(requests[i], self._timeouts.step_s))
+
+    async def send_masks(self, plan: StepPlan, masks: StepMasks) -> None:
+        """Send the masks of `plan`'s `mask_follows` rows (each worker those of its rows)."""
+        if len(self._connections) == 1:
+            messages = [masks_to_proto(masks)]
+        else:
+            messages = [masks_to_proto(masks.restricted_to(
+                {r.seq_id for r in plan.rows if r.partition_id in c.description.partition_ids}))
+                for c in self._connections]
+        await self._on_every_worker(lambda c, i: c.send(messages[i], self._timeouts.step_s))
+
+    async def receive(self, plan: StepPlan) -> StepResult:
+        """Every worker's answer to `plan` (the oldest step unanswered), merged."""
+        return merge_results(await self._on_every_worker(
+            lambda c, i: c.receive(plan.step_id, self._timeouts.step_s)))
+
+    async def _on_every_worker(self, call: Callable[[WorkerConnection, int], Awaitable[Any]]
+                               ) -> list[Any]:
+        """`call(connection, index)` on every worker at once; a worker that fails is lost (then
+        raises WorkerLost)."""
+        if not self.ready:
+            raise WorkerLost(self._lost_reason or "workers are not connected")
         outcomes = await asyncio.gather(
-            *(c.step(r, self._timeouts.step_s) for c, r in zip(self._connections, requests)),
-            return_exceptions=True)
+            *(call(c, i) for i, c in enumerate(self._connections)), return_exceptions=True)
         for connection, outcome in zip(self._connections, outcomes):
             if isinstance(outcome, WorkerLost):
                 if not self.ready:  # lost meanwhile (a probe): that is the reason to report
@@ -227,7 +248,7 @@ class WorkerSet:
                 raise outcome
             if isinstance(outcome, BaseException):
                 raise outcome
-        return merge_results(outcomes)
+        return outcomes
 
     async def check_ready(self) -> Readiness:
         """A fresh Describe round trip to every worker (short timeout)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Awaitable, Optional
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -108,15 +108,33 @@ class WorkerConnection:
             self._stream.cancel()
             self._stream = None
 
-    async def step(self, request: worker_pb2.StepRequest, timeout_s: float) -> StepResult:
-        """One round trip on the stream; raises WorkerLost naming this worker."""
-        stream = self._stream  # `close_stream` may run meanwhile; this call keeps its stream
+    async def send(self, request: worker_pb2.StepRequest, timeout_s: float) -> None:
+        """Writes a step (or masks message) on the stream; raises WorkerLost naming this worker."""
+        stream = self._open_stream()
+        step_id = request.masks.step_id if request.HasField("masks") else request.step_id
+        await self._guarded(stream, stream.write(request), step_id, timeout_s, "take")
+
+    async def receive(self, step_id: int, timeout_s: float) -> StepResult:
+        """Reads the answer to step `step_id` (the oldest one unanswered); raises WorkerLost."""
+        stream = self._open_stream()
+        response = await self._guarded(stream, self._read(stream, step_id), step_id, timeout_s,
+                                       "answer")
+        self.last_ok = time.monotonic()
+        return result_from_proto(response)
+
+    def _open_stream(self) -> grpc.aio.StreamStreamCall:
+        stream = self._stream  # `close_stream` may run meanwhile; a call keeps its stream
         if stream is None:
             raise WorkerLost(f"worker {self.address}: no open Step stream")
+        return stream
+
+    async def _guarded(self, stream: grpc.aio.StreamStreamCall, operation: Awaitable[Any],
+                       step_id: int, timeout_s: float, verb: str) -> Any:
+        """`operation` on the stream, its failures as WorkerLost naming this worker."""
         try:
-            response = await asyncio.wait_for(self._round_trip(stream, request), timeout_s)
+            return await asyncio.wait_for(operation, timeout_s)
         except asyncio.TimeoutError:
-            raise WorkerLost(f"worker {self.address} did not answer step {request.step_id} "
+            raise WorkerLost(f"worker {self.address} did not {verb} step {step_id} "
                              f"within {timeout_s:g}s") from None
         except grpc.aio.AioRpcError as error:
             message = f"worker {self.address}: {error.code().name}: {error.details()}"
@@ -129,19 +147,16 @@ class WorkerConnection:
                 raise  # this task is being cancelled
             # The stream was cancelled under us (`close_stream` after another worker failed).
             raise WorkerLost(f"worker {self.address}: Step stream closed during step "
-                             f"{request.step_id}") from None
-        self.last_ok = time.monotonic()
-        return result_from_proto(response)
+                             f"{step_id}") from None
 
-    async def _round_trip(self, stream: grpc.aio.StreamStreamCall,
-                          request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
-        await stream.write(request)
+    async def _read(self, stream: grpc.aio.StreamStreamCall,
+                    step_id: int) -> worker_pb2.StepResponse:
         response = await stream.read()
         if response is grpc.aio.EOF:
             raise WorkerLost(f"worker {self.address} closed its Step stream")
-        if response.step_id != request.step_id:
+        if response.step_id != step_id:
             raise WorkerLost(f"worker {self.address} answered step {response.step_id} to step "
-                             f"{request.step_id}")
+                             f"{step_id}")
         return response
 
     def status(self, now: float) -> WorkerStatusView:

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol, Union
+from typing import Callable, Iterator, Optional, Protocol, Union
 
 import torch
 
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
-                                              StepPlan, StepResult)
+                                              StepMasks, StepPlan, StepResult)
 from services.worker.model.runtime import SequenceChunk, StepOutput
-from services.worker.row_masks import RowError, check_drafts, decode_token_mask
+from services.worker.row_masks import (RowError, check_drafts, decode_token_mask,
+                                       sample_late_rows)
+
+# Async scheduling: blocks until the masks of this step's `mask_follows` rows arrive.
+AwaitMasks = Callable[[], StepMasks]
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,11 @@ class PartitionExecutor:
     def live_seq_ids(self) -> list[int]:
         return list(self._sequences)
 
-    def execute(self, plan: StepPlan) -> StepResult:
+    def execute(self, plan: StepPlan, await_masks: Optional[AwaitMasks] = None) -> StepResult:
         """Runs this partition's part of one step (the runtime runs even when that part is empty:
         an expert-parallel world needs every rank). Row problems become row errors; a runtime
-        exception propagates."""
+        exception propagates. When the plan's masks follow, an answering rank runs the forward,
+        then `await_masks()`, then samples the rows whose masks followed."""
         partition_id = self._limits.partition_id
         for seq_id in plan.finished_seq_ids:
             self._drop(seq_id)
@@ -96,7 +101,8 @@ class PartitionExecutor:
             self._prepare_or_error(row, rejected) for row in rows]
         chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
         started = time.perf_counter_ns()
-        outcomes = self._run(chunks)
+        late = await_masks if plan.masks_follow and self._answers else None
+        outcomes = self._run(chunks, late, {row.seq_id for row in rows if row.mask_follows})
         forward_ns = time.perf_counter_ns() - started
         results = self._row_results(rows, prepared, iter(outcomes))
         return StepResult(plan.step_id, tuple(results), forward_ns)
@@ -119,9 +125,17 @@ class PartitionExecutor:
         self._runtime.step([chunk])
         self._runtime.release(warm_up_seq_id)
 
-    def _run(self, chunks: list[SequenceChunk]) -> list[RowOutcome]:
-        """What the runtime made of each chunk; accepted drafts join the sequence's tokens."""
-        output = self._runtime.step(chunks)
+    def _run(self, chunks: list[SequenceChunk], await_masks: Optional[AwaitMasks],
+             late_seq_ids: set[int]) -> list[RowOutcome]:
+        """What the runtime made of each chunk (`late_seq_ids`: sampled here once the masks
+        came); accepted drafts join the sequence's tokens."""
+        if await_masks is None:
+            output = self._runtime.step(chunks)
+        else:
+            for chunk in chunks:
+                chunk.sample = chunk.sample and chunk.seq_id not in late_seq_ids
+            output = self._runtime.step(chunks, return_logits=True)
+            sample_late_rows(chunks, output, await_masks(), late_seq_ids, self._limits.vocab_size)
         n = len(chunks)
         outcomes = [RowOutcome(token, error, accepted, proposals) for token, error, accepted, proposals
                     in zip(output.sampled, output.errors or [None] * n,
@@ -225,6 +239,9 @@ class PartitionExecutor:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         if row.num_new_tokens == 0:
             raise RowError(f"row of sequence {row.seq_id} computes no tokens")
+        if row.append_last_sampled:  # the worker host feeds it when the previous row sampled
+            raise RowError(f"row of sequence {row.seq_id} feeds its last sampled token, but its "
+                           f"previous row sampled none")
         if start != state.num_computed_tokens:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")

@@ -1,6 +1,7 @@
 """What the host process and its rank processes say to each other over their pipes.
 
-Host → rank: `StepPlan` (every rank gets every plan), `JoinWorld`, `ResetSequences`, `Shutdown`.
+Host → rank: `StepPlan` (every rank gets every plan), `StepMasks` (partition leaders, after a plan
+whose masks follow; read while that step runs), `JoinWorld`, `ResetSequences`, `Shutdown`.
 Rank → host: `RankLoaded` once its weights are in, `RankJoined` once it joined a world round and
 warmed up, `RankFailed` when it cannot, and a `StepResult` per plan from partition leaders only.
 """
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from services.common.config import SpeculativeConfig
-from services.common.step_descriptors import StepPlan
+from services.common.step_descriptors import StepMasks, StepPlan
 from services.worker.executor import PartitionLimits
 from services.worker.model.parallel import ParallelLayout
 
@@ -75,4 +76,4 @@ class RankFailed:
     error: str
 
 
-RankCommand = Union[StepPlan, JoinWorld, ResetSequences, Shutdown]
+RankCommand = Union[StepPlan, StepMasks, JoinWorld, ResetSequences, Shutdown]

@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from services.common.step_descriptors import StepPlan, StepResult
-from services.worker.executor import PartitionExecutor, StepRuntime
+from services.common.step_descriptors import StepMasks, StepPlan, StepResult
+from services.worker.executor import AwaitMasks, PartitionExecutor, StepRuntime
 from services.worker.model.collectives import Collectives, DeferredCollectives, TorchCollectives
 from services.worker.rank_messages import (JoinWorld, RankCommand, RankFailed, RankJoined,
                                            RankLoaded, RankSpec, ResetSequences, Shutdown)
@@ -105,15 +105,34 @@ def _execute_commands(spec: RankSpec, conn: Connection, executor: PartitionExecu
             executor.reset()
         elif isinstance(command, JoinWorld):
             _join(spec, command.round, executor, collectives, conn)
-        else:
-            result = _execute_step(executor, command)
+        elif isinstance(command, StepPlan):
+            result = _execute_step(executor, command, lambda: _await_masks(conn, command.step_id))
             if spec.layout.leads_partition:
                 conn.send(result)
+        # else: the masks of a step that failed before it read them
 
 
-def _execute_step(executor: PartitionExecutor, plan: StepPlan) -> StepResult:
+def _await_masks(conn: Connection, step_id: int) -> StepMasks:
+    """The masks of step `step_id` (the host sends them right after the plan); older masks of
+    a step that failed before reading them are skipped. A host that went away ends the rank."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            _exit_now(0)
+        if isinstance(message, Shutdown):
+            _exit_now(0)
+        if isinstance(message, StepMasks) and message.step_id == step_id:
+            return message
+        if not isinstance(message, StepMasks):
+            raise RuntimeError(f"rank got {type(message).__name__} while awaiting the masks of "
+                               f"step {step_id}")
+
+
+def _execute_step(executor: PartitionExecutor, plan: StepPlan,
+                  await_masks: AwaitMasks) -> StepResult:
     try:
-        return executor.execute(plan)
+        return executor.execute(plan, await_masks)
     except Exception as error:  # the whole step fails; the scheduler fails its requests
         return StepResult(plan.step_id, error=f"step {plan.step_id} failed: "
                                               f"{type(error).__name__}: {error}")

@@ -14,6 +14,7 @@ alive, by respawning them when one has exited.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -129,8 +130,12 @@ class RankGroup:
         """(Re)joins the world as round `round_`; raises RankGroupError when a rank cannot."""
         await self._in_command_thread(self._join_blocking, round_)
 
-    async def step(self, plan: StepPlan) -> StepResult:
-        return await self._in_command_thread(self._step_blocking, plan)
+    async def step(self, plan: StepPlan,
+                   masks: Optional[concurrent.futures.Future] = None) -> StepResult:
+        """Runs the step on every rank. `masks` (when the plan's masks follow) resolves to its
+        StepMasks: the partition leaders get them once the step is sent, and wait for them only
+        to sample."""
+        return await self._in_command_thread(self._step_blocking, plan, masks)
 
     async def reset(self) -> None:
         await self._in_command_thread(self._broadcast, ResetSequences())
@@ -227,12 +232,16 @@ class RankGroup:
             raise RankGroupError(f"rank {rank.spec.rank} sent {type(message).__name__} instead "
                                  f"of {kind.__name__}")
 
-    def _step_blocking(self, plan: StepPlan) -> StepResult:
+    def _step_blocking(self, plan: StepPlan,
+                       masks: Optional[concurrent.futures.Future]) -> StepResult:
         self._raise_if_failed()
         if self.world_round == 0:
             raise RankGroupError("this worker's ranks have not joined a world yet")
         self._broadcast(plan)
-        answers = [self._receive(rank) for rank in self._ranks if rank.spec.layout.leads_partition]
+        leaders = [rank for rank in self._ranks if rank.spec.layout.leads_partition]
+        if masks is not None:
+            self._send(leaders, masks.result())
+        answers = [self._receive(rank) for rank in leaders]
         for answer in answers:
             if not isinstance(answer, StepResult):
                 raise RankGroupError(f"a rank answered step {plan.step_id} "
@@ -240,8 +249,11 @@ class RankGroup:
         return merge_results(answers) if answers else StepResult(plan.step_id)
 
     def _broadcast(self, command: RankCommand) -> None:
+        self._send(self._ranks, command)
+
+    def _send(self, ranks: list[_RankProcess], command: RankCommand) -> None:
         self._raise_if_failed()
-        for rank in self._ranks:
+        for rank in ranks:
             try:
                 rank.conn.send(command)
             except (BrokenPipeError, ConnectionResetError, OSError):

@@ -8,7 +8,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from services.common.step_descriptors import ScheduledRow, TokenMask
+from services.common.step_descriptors import RowMask, ScheduledRow, StepMasks, TokenMask
+from services.worker.model.runtime import SequenceChunk, StepOutput
+from services.worker.model.sampling import NoAllowedToken, greedy_sample
 from services.worker.model.verification import sampled_offsets
 
 
@@ -65,3 +67,32 @@ def check_drafts(row: ScheduledRow) -> None:
     if row.mask is not None and len(row.draft_masks) != sampled_after_first:
         raise RowError(f"row of sequence {row.seq_id}: {len(row.draft_masks)} draft masks for "
                        f"{sampled_after_first} sampled draft positions")
+
+
+def sample_late_rows(chunks: list[SequenceChunk], output: StepOutput, masks: StepMasks,
+                     late_seq_ids: set[int], vocab_size: int) -> None:
+    """Sample the chunks of `late_seq_ids` (they did not sample in the runtime; `output` has
+    their last position's logits) under the masks that followed."""
+    late = masks.by_seq()
+    output.errors = output.errors or [None] * len(chunks)
+    for i, chunk in enumerate(chunks):
+        if chunk.seq_id in late_seq_ids:
+            output.sampled[i], error = sample_with_late_mask(
+                chunk, output.logits[i], late.get(chunk.seq_id), vocab_size)
+            if error is not None:
+                output.errors[i] = error
+
+
+def sample_with_late_mask(chunk: SequenceChunk, logits: torch.Tensor, late: Optional[RowMask],
+                          vocab_size: int) -> tuple[Optional[int], Optional[str]]:
+    """(token, error) of a `mask_follows` row once its mask came: greedy under the mask; a
+    discarded row samples unmasked (its answer is ignored)."""
+    if late is None:
+        return None, f"no mask followed for sequence {chunk.seq_id}"
+    if late.discard or late.mask is None:
+        return greedy_sample(logits, None, None, chunk.logit_bias), None
+    try:
+        allowed, bitmask = decode_token_mask(late.mask, vocab_size)
+        return greedy_sample(logits, allowed, bitmask, chunk.logit_bias), None
+    except (RowError, NoAllowedToken) as error:
+        return None, str(error)

@@ -23,6 +23,7 @@ from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
+from services.worker.step_stream import LastSampled, StepInbox
 from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
                                    RuntimeFactory, rank_specs, store_address)
 
@@ -108,11 +109,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             generation = self._stream_generation
             await self._drop_all_sequences()
             self._sequences.clear()
-        async for request in request_iterator:
-            response = await self._step(request, generation)
-            if response is None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
-            yield response
+        inbox, last_sampled = StepInbox(request_iterator), LastSampled()
+        try:
+            async for request in inbox.steps():
+                response = await self._step(request, generation, inbox, last_sampled)
+                if response is None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
+                yield response
+        finally:
+            await inbox.close()
 
     async def drain(self, grace_s: float) -> None:
         """Graceful stop: the step in flight finishes (up to `grace_s`); later steps end the
@@ -133,8 +138,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except RankGroupError:
             pass  # every step of this stream reports the failure
 
-    async def _step(self, request: worker_pb2.StepRequest,
-                    generation: int) -> Optional[worker_pb2.StepResponse]:
+    async def _step(self, request: worker_pb2.StepRequest, generation: int, inbox: StepInbox,
+                    last_sampled: LastSampled) -> Optional[worker_pb2.StepResponse]:
         """The step's response; None once a graceful stop began (no new step starts)."""
         async with self._step_lock:
             if self._stopping:
@@ -143,13 +148,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error="superseded by a newer Step stream")
             self._sequences.started(request.new_sequences)
+            plan = last_sampled.feed(plan_from_proto(request))
+            masks = inbox.masks_of(plan.step_id) if plan.masks_follow else None
             try:
                 await asyncio.shield(self._ranks_started)
-                result = await self._ranks.step(plan_from_proto(request))
+                result = await self._ranks.step(plan, masks)
             except RankGroupError as error:
                 self._sequences.step_failed(request, str(error))
                 return worker_pb2.StepResponse(step_id=request.step_id,
                                                error=f"worker ranks failed: {error}")
+            finally:
+                inbox.forget(plan.step_id)
+        last_sampled.record(result)
         self._sequences.ended(request, result)
         return result_to_proto(result)
 

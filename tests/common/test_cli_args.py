@@ -174,6 +174,12 @@ class TestDefaults:
                                                   **kw)
         assert scheduler.enable_prefix_caching is False
 
+    def test_async_scheduling_is_on_by_default_and_can_be_turned_off(self) -> None:
+        kw = dict(environ={}, default_model_dir=no_default_model)
+        assert cli_args.parse_scheduler_args(["--model", str(MODEL)], **kw).async_scheduling
+        scheduler = cli_args.parse_scheduler_args(["--model", str(MODEL), "--no-async-scheduling"], **kw)
+        assert scheduler.async_scheduling is False
+
     def test_constrained_requests_wait_under_pressure_unless_replay_is_asked(self) -> None:
         kw = dict(environ={}, default_model_dir=no_default_model)
         assert cli_args.parse_scheduler_args(["--model", str(MODEL)], **kw).preempt_constrained == "wait"
@@ -202,7 +208,7 @@ class TestChildArgvRoundTrip:
 
     def test_every_service_rebuilds_its_config(self) -> None:
         argv = GUIDE_ARGV + ["--num-blocks", "512", "--dtype", "bfloat16", "--no-enable-prefix-caching",
-                             "--preempt-constrained", "replay"]
+                             "--no-async-scheduling", "--preempt-constrained", "replay"]
         stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
         kw = dict(environ={}, default_model_dir=no_default_model)
 

@@ -8,7 +8,9 @@ group's table covers the row; no block a row writes is still live in another seq
 shared prefix block is read-only); every block a row reads holds exactly this sequence's tokens —
 the fake cache remembers, per physical block, a hash of the token prefix written into it, so a
 prefix hit on the wrong content, or a block overwritten while shared, shows; rows sample exactly
-when they reach the sequence's last token; masks are obeyed.
+when they reach the sequence's last token; masks are obeyed. Async scheduling as the real worker
+does it: a row may feed the token its sequence sampled last (never twice), and a row whose mask
+follows is sampled only once that step's masks message came (before any later step).
 """
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.hang = asyncio.Event()  # set: stop answering steps (a hung worker)
         self.live: dict[int, _Sequence] = {}
         self.ended: set[int] = set()  # sequences of this worker already finished
+        self.last_sampled: dict[int, int] = {}  # seq → the token its last row sampled, until fed
         self.dp = spec.dp or len(spec.partition_ids)
         # A worker driving part of the world waits for JoinWorld, as the real one does.
         self.world_round = 1 if self.dp == len(spec.partition_ids) else 0
@@ -115,13 +118,29 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     async def Step(self, request_iterator, context):
         self.live.clear()  # every new stream starts with no sequences
         self.ended.clear()
+        self.last_sampled.clear()
+        awaiting_masks: Optional[worker_pb2.StepRequest] = None
         async for request in request_iterator:
             if self.hang.is_set():
                 await asyncio.Event().wait()
+            if request.HasField("masks"):
+                if awaiting_masks is None or awaiting_masks.step_id != request.masks.step_id:
+                    self._violate(f"masks of step {request.masks.step_id} nobody awaits")
+                    continue
+                yield self.run_step(awaiting_masks, {m.seq_id: m for m in request.masks.rows})
+                awaiting_masks = None
+                continue
+            if awaiting_masks is not None:
+                self._violate(f"step {request.step_id} came before the masks of step "
+                              f"{awaiting_masks.step_id}")
             self.step_requests.append(request)
+            if any(row.mask_follows for row in request.rows):
+                awaiting_masks = request  # the forward would run now; sampling awaits the masks
+                continue
             yield self.run_step(request)
 
-    def run_step(self, request: worker_pb2.StepRequest) -> worker_pb2.StepResponse:
+    def run_step(self, request: worker_pb2.StepRequest,
+                 masks: Optional[dict[int, worker_pb2.RowMask]] = None) -> worker_pb2.StepResponse:
         for seq_id in request.finished_seq_ids:
             # Finished ids go to every worker: an id never seen here is another worker's.
             if seq_id in self.ended:
@@ -141,9 +160,20 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 self._violate(f"step {request.step_id}: seq {row.seq_id}: {error}")
                 results.append(worker_pb2.RowResult(seq_id=row.seq_id, error=error))
             elif row.sample:
-                token = self._sample(self.live[row.seq_id].tokens, row.mask)
+                token = self._sample(self.live[row.seq_id].tokens, self._mask(row, masks or {}))
+                self.last_sampled[row.seq_id] = token
                 results.append(worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=token))
         return worker_pb2.StepResponse(step_id=request.step_id, results=results, forward_ns=1)
+
+    def _mask(self, row: worker_pb2.ScheduledRow,
+              masks: dict[int, worker_pb2.RowMask]) -> worker_pb2.TokenMask:
+        if not row.mask_follows:
+            return row.mask
+        follow = masks.get(row.seq_id)
+        if follow is None:
+            self._violate(f"no mask followed for seq {row.seq_id}")
+            return worker_pb2.TokenMask()
+        return worker_pb2.TokenMask() if follow.discard else follow.mask
 
     def _check_and_advance(self, row: worker_pb2.ScheduledRow) -> str:
         seq = self.live.get(row.seq_id)
@@ -151,6 +181,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             return "row for a sequence this stream does not know"
         if row.num_computed_tokens != seq.num_cached:
             return f"row starts at {row.num_computed_tokens} but {seq.num_cached} are cached"
+        if row.append_last_sampled:
+            if row.seq_id not in self.last_sampled:
+                return "fed its last sampled token, but its previous row sampled none"
+            seq.tokens.append(self.last_sampled.pop(row.seq_id))
         seq.tokens.extend(row.append_token_ids)
         end = row.num_computed_tokens + row.num_new_tokens
         if row.num_new_tokens < 1 or end > len(seq.tokens):

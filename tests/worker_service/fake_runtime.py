@@ -66,7 +66,10 @@ class FakeRuntime:
         sampled = [fake_next_token(c.start_pos, c.token_ids, allowed_ids(c)) if c.sample else None
                    for c in chunks]
         error = None if ranks_agree(chunks) else "ranks computed different steps"
-        return StepOutput(sampled=sampled, logits=[None] * len(chunks),
+        # Increasing scores: a mask applied to them afterwards picks its largest allowed id, as
+        # `fake_next_token` does with a mask that reached the runtime.
+        logits = torch.arange(FAKE_VOCAB_SIZE, dtype=torch.float32) if return_logits else None
+        return StepOutput(sampled=sampled, logits=[logits] * len(chunks),
                           errors=[error] * len(chunks))
 
     def release(self, seq_id: int) -> None:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.step_descriptors import (GroupBlocks, NewSequence, ScheduledRow, StepPlan,
-                                              TokenMask)
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask, ScheduledRow,
+                                              StepMasks, StepPlan, TokenMask)
 from services.worker.executor import PartitionExecutor, PartitionLimits
 from services.worker.row_masks import RowError, decode_token_mask
 from tests.worker_service.fake_runtime import FAKE_VOCAB_SIZE, FakeRuntime, fake_next_token
@@ -218,3 +218,43 @@ class TestMaskDecoding:
                                                  prefill_row(6, (2, 3), mask=TokenMask(
                                                      bitmask=bitmask_bytes([8, 700]))))))
         assert [r.sampled_token_id for r in result.results] == [17, 700]
+
+
+class TestMasksThatFollow:
+    """Rows planned ahead: the forward runs first, the masks that follow are awaited to sample."""
+
+    def late_plan(self, executor) -> StepPlan:
+        executor.execute(StepPlan(1, new_sequences=tuple(NewSequence(s, 0, PROMPT) for s in (1, 2, 3)),
+                                  rows=tuple(prefill_row(s, (2 * s, 2 * s + 1)) for s in (1, 2, 3))))
+        return StepPlan(2, rows=tuple(ScheduledRow(s, 6, 1, append_token_ids=(40,), sample=True,
+                                                   mask_follows=True) for s in (1, 2, 3)))
+
+    def test_late_masks_constrain_sampling_after_the_forward(self, executor, runtime):
+        plan = self.late_plan(executor)
+        order: list[str] = []
+
+        def await_masks() -> StepMasks:
+            order.append(f"masks after {len(runtime.steps)} forwards")
+            return StepMasks(2, (RowMask(1, TokenMask(allowed_token_ids=(5, 9))),
+                                 RowMask(2, TokenMask(bitmask=bitmask_bytes([])))))
+
+        result = executor.execute(plan, await_masks)
+        assert order == ["masks after 2 forwards"]
+        assert not runtime.steps[-1][0].sample  # the runtime left the late rows to the executor
+        outcomes = [(r.seq_id, r.sampled_token_id, r.error) for r in result.results]
+        assert outcomes[0] == (1, 9, "")
+        assert outcomes[1][0] == 2 and "allows no token" in outcomes[1][2]
+        assert outcomes[2][0] == 3 and "no mask followed" in outcomes[2][2]
+
+    def test_a_discarded_row_samples_unmasked(self, executor):
+        plan = self.late_plan(executor)
+        result = executor.execute(plan, lambda: StepMasks(2, tuple(RowMask(s, discard=True)
+                                                                   for s in (1, 2, 3))))
+        assert all(r.sampled_token_id is not None and not r.error for r in result.results)
+
+    def test_a_row_still_asking_for_its_last_sampled_token_fails_alone(self, executor):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),),
+                                  rows=(prefill_row(1, (2, 3)),)))
+        result = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            1, 6, 1, sample=True, append_last_sampled=True),)))
+        assert "previous row sampled none" in result.results[0].error

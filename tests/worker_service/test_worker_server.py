@@ -117,6 +117,40 @@ class TestStepStream:
         assert second.results[0].sampled_token_id == fake_next_token(len(PROMPT), [token])
         assert second.forward_ns > 0
 
+    def test_a_row_planned_ahead_is_fed_its_last_sampled_token_and_awaits_its_mask(self, channel):
+        stream = StepStream(channel)
+        stream.send(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(4), new_sequence(5)],
+                                           rows=[prefill_row(4, [0, 1]), prefill_row(5, [2, 3])]))
+        # Sent before step 1's answer: both rows feed the token step 1 samples; 5's mask follows.
+        ahead = dict(num_computed_tokens=len(PROMPT), num_new_tokens=1, sample=True,
+                     append_last_sampled=True)
+        stream.send(worker_pb2.StepRequest(step_id=2, rows=[
+            worker_pb2.ScheduledRow(seq_id=4, **ahead),
+            worker_pb2.ScheduledRow(seq_id=5, mask_follows=True, **ahead)]))
+        first = stream.receive()
+        stream.send(worker_pb2.StepRequest(masks=worker_pb2.StepMasks(step_id=2, rows=[
+            worker_pb2.RowMask(seq_id=5, mask=worker_pb2.TokenMask(allowed_token_ids=[3, 8]))])))
+        second = stream.receive()
+        stream.close()
+        token = first.results[0].sampled_token_id
+        assert [r.sampled_token_id for r in second.results] == [
+            fake_next_token(len(PROMPT), [token]), 8]
+
+    def test_a_call_cancelled_while_a_step_awaits_its_masks_leaves_the_worker_serving(self, channel):
+        stream = StepStream(channel)
+        stream.send(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(6)],
+                                           rows=[prefill_row(6, [0, 1])]))
+        stream.send(worker_pb2.StepRequest(step_id=2, rows=[worker_pb2.ScheduledRow(
+            seq_id=6, num_computed_tokens=len(PROMPT), num_new_tokens=1, sample=True,
+            append_last_sampled=True, mask_follows=True)]))
+        stream.receive()
+        stream.cancel()  # step 2's masks never come
+        fresh = StepStream(channel)
+        reply = fresh.call(worker_pb2.StepRequest(step_id=1, new_sequences=[new_sequence(6)],
+                                                  rows=[prefill_row(6, [0, 1])]))
+        fresh.close()
+        assert [r.sampled_token_id for r in reply.results] == [fake_next_token(0, PROMPT)]
+
     def test_row_error_leaves_neighbours_computed(self, channel):
         stream = StepStream(channel)
         reply = stream.call(worker_pb2.StepRequest(

@@ -108,6 +108,10 @@ class StepStream:
         self.send(request)
         return self.receive()
 
+    def cancel(self) -> None:
+        """Cancel the call, as a scheduler that lost this worker does."""
+        self._responses.cancel()
+
     def close(self) -> None:
         self._requests.put(self._CLOSE)
         for _ in self._responses:  # drain until the server ends the stream

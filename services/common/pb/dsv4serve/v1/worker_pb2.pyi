@@ -133,7 +133,7 @@ class GroupBlocks(_message.Message):
     def __init__(self, group: _Optional[str] = ..., first_logical_block: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ScheduledRow(_message.Message):
-    __slots__ = ("seq_id", "partition_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_blocks", "sample", "mask", "draft_token_ids", "draft_forced", "draft_masks", "num_proposals")
+    __slots__ = ("seq_id", "partition_id", "num_computed_tokens", "num_new_tokens", "append_token_ids", "new_blocks", "sample", "mask", "draft_token_ids", "draft_forced", "draft_masks", "num_proposals", "append_last_sampled", "mask_follows")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,8 @@ class ScheduledRow(_message.Message):
     DRAFT_FORCED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MASKS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    APPEND_LAST_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    MASK_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     partition_id: int
     num_computed_tokens: int
@@ -158,19 +160,41 @@ class ScheduledRow(_message.Message):
     draft_forced: _containers.RepeatedScalarFieldContainer[bool]
     draft_masks: _containers.RepeatedCompositeFieldContainer[TokenMask]
     num_proposals: int
-    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_forced: _Optional[_Iterable[bool]] = ..., draft_masks: _Optional[_Iterable[_Union[TokenMask, _Mapping]]] = ..., num_proposals: _Optional[int] = ...) -> None: ...
+    append_last_sampled: bool
+    mask_follows: bool
+    def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., num_computed_tokens: _Optional[int] = ..., num_new_tokens: _Optional[int] = ..., append_token_ids: _Optional[_Iterable[int]] = ..., new_blocks: _Optional[_Iterable[_Union[GroupBlocks, _Mapping]]] = ..., sample: _Optional[bool] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_forced: _Optional[_Iterable[bool]] = ..., draft_masks: _Optional[_Iterable[_Union[TokenMask, _Mapping]]] = ..., num_proposals: _Optional[int] = ..., append_last_sampled: _Optional[bool] = ..., mask_follows: _Optional[bool] = ...) -> None: ...
+
+class RowMask(_message.Message):
+    __slots__ = ("seq_id", "mask", "discard")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    mask: TokenMask
+    discard: bool
+    def __init__(self, seq_id: _Optional[int] = ..., mask: _Optional[_Union[TokenMask, _Mapping]] = ..., discard: _Optional[bool] = ...) -> None: ...
+
+class StepMasks(_message.Message):
+    __slots__ = ("step_id", "rows")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    rows: _containers.RepeatedCompositeFieldContainer[RowMask]
+    def __init__(self, step_id: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[RowMask, _Mapping]]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "new_sequences", "rows", "finished_seq_ids")
+    __slots__ = ("step_id", "new_sequences", "rows", "finished_seq_ids", "masks")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    MASKS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_sequences: _containers.RepeatedCompositeFieldContainer[NewSequence]
     rows: _containers.RepeatedCompositeFieldContainer[ScheduledRow]
     finished_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[ScheduledRow, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    masks: StepMasks
+    def __init__(self, step_id: _Optional[int] = ..., new_sequences: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., rows: _Optional[_Iterable[_Union[ScheduledRow, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., masks: _Optional[_Union[StepMasks, _Mapping]] = ...) -> None: ...
 
 class RowResult(_message.Message):
     __slots__ = ("seq_id", "sampled_token_id", "error", "num_accepted_drafts", "proposed_token_ids")

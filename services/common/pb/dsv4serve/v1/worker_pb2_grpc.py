@@ -65,8 +65,10 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Step(self, request_iterator, context):
-        """/ One bidirectional stream per scheduler connection. Each StepRequest is answered by exactly one
-        / StepResponse with the same step_id, in order. A worker starts every new Step stream with no
+        """/ One bidirectional stream per scheduler connection. Each StepRequest that is a step is answered
+        / by exactly one StepResponse with the same step_id, in order. The scheduler may send step N+1
+        / before step N's response (overlapped scheduling); masks messages (`StepRequest.masks`) are not
+        / answered. A worker starts every new Step stream with no
         / sequences: the scheduler re-sends NewSequence for anything it still wants computed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,105 @@
+"""One Step stream as the worker host reads it under async scheduling.
+
+The scheduler may send step N+1 before step N is answered, and a masks message after a step whose
+rows' masks follow. `StepInbox` reads the stream in its own task: steps queue up in order (the
+servicer runs them one at a time), masks resolve the future the ranks' command thread waits on.
+When the stream ends, every step still waiting for masks gets an empty set (its late rows fail;
+nobody reads their answers).
+
+`LastSampled` feeds a row that says `append_last_sampled` the token its sequence's previous row
+sampled: the host sees every step's answers before it sends the next step to its ranks, so even
+ranks that do not sample (TP > 1) get the token as an ordinary appended one.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+from typing import AsyncIterator, Optional
+
+from services.common.pb.dsv4serve.v1 import worker_pb2
+from services.common.step_descriptors import ScheduledRow, StepMasks, StepPlan, StepResult
+from services.common.step_protos import is_masks_message, masks_from_proto
+
+
+class StepInbox:
+    def __init__(self, requests: AsyncIterator[worker_pb2.StepRequest]) -> None:
+        self._requests = requests
+        self._steps: asyncio.Queue[Optional[worker_pb2.StepRequest]] = asyncio.Queue()
+        self._masks: dict[int, concurrent.futures.Future] = {}
+        self._last_finished_step = 0  # masks of a step this old come too late: dropped
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="step inbox")
+
+    async def steps(self) -> AsyncIterator[worker_pb2.StepRequest]:
+        """The stream's steps in order, until it ends (a read error ends it too)."""
+        while (request := await self._steps.get()) is not None:
+            yield request
+
+    def masks_of(self, step_id: int) -> concurrent.futures.Future:
+        """Resolves to the step's StepMasks (waited on in the ranks' command thread)."""
+        return self._masks.setdefault(step_id, concurrent.futures.Future())
+
+    def forget(self, step_id: int) -> None:
+        """The step is over: answered, failed, or given up by a cancelled call (then the ranks'
+        command thread may still wait for its masks: it gets an empty set)."""
+        future = self._masks.pop(step_id, None)
+        if future is not None and not future.done():
+            future.set_result(StepMasks(step_id))
+        self._last_finished_step = max(self._last_finished_step, step_id)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+        self._release_waiters()
+
+    async def _read(self) -> None:
+        try:
+            async for request in self._requests:
+                if is_masks_message(request):
+                    self._deliver(masks_from_proto(request))
+                else:
+                    self._steps.put_nowait(request)
+        finally:
+            self._steps.put_nowait(None)
+            self._release_waiters()
+
+    def _deliver(self, masks: StepMasks) -> None:
+        if masks.step_id <= self._last_finished_step:
+            return
+        future = self.masks_of(masks.step_id)
+        if not future.done():
+            future.set_result(masks)
+
+    def _release_waiters(self) -> None:
+        for step_id, future in self._masks.items():
+            if not future.done():
+                future.set_result(StepMasks(step_id))
+
+
+class LastSampled:
+    """Per sequence, the token its last row sampled, until a row feeds it (or it is dropped)."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, int] = {}
+
+    def feed(self, plan: StepPlan) -> StepPlan:
+        """The plan with each `append_last_sampled` row's token made an appended one; a row whose
+        sequence has none keeps the flag (the executor fails that row)."""
+        for seq_id in plan.finished_seq_ids:
+            self._tokens.pop(seq_id, None)
+        plan.rows = [self._fed(row) for row in plan.rows]
+        return plan
+
+    def record(self, result: StepResult) -> None:
+        for row in result.results:
+            if row.sampled_token_id is not None:
+                self._tokens[row.seq_id] = row.sampled_token_id
+            else:
+                self._tokens.pop(row.seq_id, None)
+
+    def _fed(self, row: ScheduledRow) -> ScheduledRow:
+        if not row.append_last_sampled or row.seq_id not in self._tokens:
+            return row
+        token = self._tokens.pop(row.seq_id)
+        return dataclasses.replace(row, append_last_sampled=False,
+                                   append_token_ids=(token,) + row.append_token_ids)
