@@ -44,7 +44,7 @@ class TrainSettings:
     # first `steps`), each with `long_drills` drills of values no list holds; key tokens (copied
     # values, the tool's name, the token closing a value) weigh `key_weight` in the loss; its own
     # warm-up and cosine from `copy_learning_rate`.
-    copy_steps: int = 400
+    copy_steps: int = 600
     long_drills: int = 24
     key_weight: float = 3.0
     copy_learning_rate: float = 1e-3
