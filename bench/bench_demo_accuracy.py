@@ -8,7 +8,9 @@ and values that never occur in training). Two modes, `tool_choice: "auto"` both 
 - `auto`: no tool is strict, so nothing constrains decoding — the model writes the DSML itself;
 - `strict`: every tool is strict, so a call the model starts is grammar-constrained.
 A prompt is right when the response has exactly one call, of the expected tool, whose arguments
-equal the expected ones, and finish_reason is `tool_calls`. Prints one line per mode.
+equal the expected ones, and finish_reason is `tool_calls`. Prints one line per mode and, against a
+stack started with `--speculative-config`, each mode's draft acceptance per position (the share of
+drafts whose token at that position was accepted, from the /metrics counters).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 import jsonschema
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.demo.export import COMPACT_DIR, HELDOUT_FILE
 
@@ -80,6 +83,28 @@ def evaluate(base_url: str, model: str, entries: list[dict[str, Any]], mode: str
             return list(pool.map(one, entries))
 
 
+def spec_counters(base_url: str) -> tuple[float, list[float]]:
+    """Verify rows with a draft, and drafted tokens accepted per position, so far."""
+    text = httpx.get(f"{base_url}/metrics", trust_env=False).text
+    drafts, per_position = 0.0, {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "dsv4serve:spec_decode_num_drafts_total":
+                drafts = sample.value
+            elif sample.name == "dsv4serve:spec_decode_num_accepted_tokens_per_pos_total":
+                per_position[int(sample.labels["position"])] = sample.value
+    return drafts, [per_position[k] for k in sorted(per_position)]
+
+
+def acceptance_line(before: tuple[float, list[float]], after: tuple[float, list[float]]) -> str:
+    drafts = after[0] - before[0]
+    accepted = [a - b for a, b in zip(after[1], before[1] or [0.0] * len(after[1]))]
+    if not drafts:
+        return "no drafts (start the stack with --speculative-config)"
+    return (f"{int(drafts)} drafts, accepted per position "
+            + " ".join(f"{n / drafts:.0%}" for n in accepted))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -91,12 +116,14 @@ def main() -> None:
     model = args.model or httpx.get(f"{args.url}/v1/models", trust_env=False).json()["data"][0]["id"]
     entries = load_heldout(args.count)
     for mode in MODES:
+        before = spec_counters(args.url)
         verdicts = evaluate(args.url, model, entries, mode, args.workers)
         right = sum(v.right for v in verdicts)
         calls = sum(v.calls for v in verdicts)
         valid = sum(v.valid_calls for v in verdicts)
         print(f"{mode:6s}: right {right}/{len(verdicts)} ({right / len(verdicts):.0%}), "
               f"schema-valid calls {valid}/{calls}")
+        print(f"        speculation: {acceptance_line(before, spec_counters(args.url))}")
         for verdict in [v for v in verdicts if not v.right][:args.show_failures]:
             print(f"        miss: {verdict.detail}")
 

@@ -76,19 +76,28 @@ class DialogGenerator:
         self.held_out = held_out
         self.thinking_share = thinking_share
 
-    def training_scenes(self, index: int, examples: int) -> list[Scene]:
+    def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
-        CHAT_EVERY-th) and a scene of short copy drills."""
-        return [self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1),
-                self.drill_scene(index)]
+        CHAT_EVERY-th), a scene of short copy drills and, if asked, one of `long_drills`."""
+        scenes = [self.scene(index, examples, chat_only=index % CHAT_EVERY == CHAT_EVERY - 1),
+                  self.drill_scene(index)]
+        return scenes + ([self.drill_scene(index, long_drills)] if long_drills else [])
 
-    def drill_scene(self, index: int) -> Scene:
+    def drill_scene(self, index: int, long_drills: int = 0) -> Scene:
         """No tools: "Repeat after me: …" answered by the value itself. Cheap (no tool list to
-        read) and the same token-for-token copying a call's arguments need."""
-        rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
+        read) and the same token-for-token copying a call's arguments need. `long_drills` asks
+        for that many drills of values no list holds (`values.drill_chain`): only a copy of the
+        prompt's tokens gets them right, where a listed name can also be recalled."""
+        if long_drills:
+            rng = random.Random(f"{self.seed}:{self.held_out}:long-drill:{index}")
+            makes = [lambda: values.drill_chain(rng, self.held_out)] * long_drills
+        else:
+            rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
+            makes = [lambda: values.MAKERS[rng.choice(DRILL_VALUES)](rng, self.held_out)
+                     ] * DRILLS_PER_STEP
         examples = []
-        for _ in range(DRILLS_PER_STEP):
-            value = values.MAKERS[rng.choice(DRILL_VALUES)](rng, self.held_out)
+        for make in makes:
+            value = make()
             thinking = rng.random() < self.thinking_share
             target: dict[str, Any] = {"role": "assistant", "content": value}
             if thinking:

@@ -9,6 +9,7 @@ grammar and the parser see the same characters either way.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -26,6 +27,8 @@ class EncodedExample:
     prompt_ids: list[int]
     completion_ids: list[int]
     example: Example
+    key_tokens: list[bool]     # per completion token: part of a copied value or the called tool's
+    #                            name, or the token that closes a copied value (see `key_tokens`)
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,26 @@ class SceneEncoder:
         if not full.startswith(prompt):
             raise AssertionError("the rendered turn must extend the rendered prompt")
         prompt_ids = self.encode(prompt)
-        completion = self.completion_ids(full[len(prompt):], example.copy_values, prompt_ids)
-        return EncodedExample(prompt_ids, completion, example)
+        text = full[len(prompt):]
+        completion = self.completion_ids(text, example.copy_values, prompt_ids)
+        keys = self.key_tokens(completion, _spans(text, _call_texts(example)),
+                               _spans(text, example.copy_values))
+        return EncodedExample(prompt_ids, completion, example, keys)
+
+    def key_tokens(self, ids: list[int], spans: list[tuple[int, int]],
+                   closed: list[tuple[int, int]]) -> list[bool]:
+        """Tokens overlapping a span, and the first token after each span of `closed`: the tokens
+        an exact call depends on (a value's first token is found in the request, the rest copied,
+        and the copy must stop) — the copy phase weights them up in the loss."""
+        ends = [len(self.tokenizer.decode(ids[:n + 1], skip_special_tokens=False))
+                for n in range(len(ids))]
+        starts = [0] + ends[:-1]
+        keys = [any(a < end and start < b for a, b in spans) for start, end in zip(starts, ends)]
+        for _, b in closed:
+            after = next((n for n, start in enumerate(starts) if start >= b), None)
+            if after is not None:
+                keys[after] = True
+        return keys
 
     def completion_ids(self, text: str, copied: Iterable[str], prompt_ids: list[int]) -> list[int]:
         """Tokens of `text`, copied values segmented as in the prompt (canonical elsewhere)."""
@@ -91,6 +112,18 @@ class SceneEncoder:
         if stripped is not None and _contains(prompt_ids, spaced_ids):
             return [stripped] + spaced_ids[1:]
         return bare
+
+
+def _call_texts(example: Example) -> list[str]:
+    """The copied values, and the called tool's name and argument values as the call spells them."""
+    texts = list(example.copy_values)
+    if example.expected_call:
+        name, args = example.expected_call
+        texts.append(name)
+        for value in args.values():
+            texts.extend(v if isinstance(v, str) else json.dumps(v)
+                         for v in (value if isinstance(value, list) else [value]))
+    return [t for t in texts if t]
 
 
 def _spans(text: str, values: list[str]) -> list[tuple[int, int]]:

@@ -32,7 +32,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dsv4serve train-demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path, help="training directory (state, metrics, plots)")
-    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--steps", type=int, default=defaults.steps,
+                        help="steps of the first phase (its scenes make the vocabulary)")
+    parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
+                        help="steps of the copy phase after them (see TrainSettings)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -55,13 +58,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args([] if argv is None else argv)
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    settings = TrainSettings(seed=args.seed, steps=args.steps,
+    settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
                              examples_per_scene=args.examples_per_scene)
     trainer = Trainer(args.out_dir, settings)
     evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count,
                              trainer.training_values)
-    last = min(settings.steps, args.stop_after or settings.steps)
-    with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
+    last = min(settings.total_steps, args.stop_after or settings.total_steps)
+    with tqdm(total=settings.total_steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < last:
             record = trainer.train_step()
             bar.update(1)

@@ -18,6 +18,7 @@ from services.demo import adapter
 from services.demo.architecture import demo_config
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import EncodedScene, SceneEncoder
+from services.demo.evaluate import heldout_scenes
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
@@ -27,6 +28,7 @@ from services.worker.model.weights import ModelWeights
 
 STATE_FILE = "train_state.pt"
 DELTA_WEIGHT_DECAY = 0.1
+HELDOUT_GUARD = 200   # held-out prompts whose values the copy phase never trains on (≥ the bench's)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,19 @@ class TrainSettings:
     warmup_steps: int = 60
     mtp_weight: float = 0.3
     clip_norm: float = 1.0
+    # The copy phase: `copy_steps` more steps after `steps` (the vocabulary stays the one of the
+    # first `steps`), each with `long_drills` drills of values no list holds; key tokens (copied
+    # values, the tool's name, the token closing a value) weigh `key_weight` in the loss; its own
+    # warm-up and cosine from `copy_learning_rate`.
+    copy_steps: int = 600
+    long_drills: int = 24
+    key_weight: float = 3.0
+    copy_learning_rate: float = 1e-3
+    copy_warmup_steps: int = 20
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps + self.copy_steps
 
 
 class Trainer:
@@ -60,6 +75,7 @@ class Trainer:
                                            betas=(0.9, 0.95))
         self.step_index = 0
         self.history: list[dict] = []
+        self._heldout_values: Optional[set[str]] = None
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -76,7 +92,8 @@ class Trainer:
             group["lr"] = self._learning_rate(index)
         rows = self.vocab.rows()
         model = self.model(rows=rows)
-        scores = [self.score(model, rows, scene, with_mtp=True)
+        key_weight = self.settings.key_weight if index >= self.settings.steps else None
+        scores = [self.score(model, rows, scene, with_mtp=True, key_weight=key_weight)
                   for scene in self._training_scenes(index)]
         weights = [s.num_targets for s in scores]
         loss = sum(s.loss * w for s, w in zip(scores, weights)) / sum(weights)
@@ -95,25 +112,40 @@ class Trainer:
 
     def _training_scenes(self, index: int) -> list[EncodedScene]:
         """The step's scenes, each without the examples that hold an untrained token."""
+        copy_phase = index >= self.settings.steps
         kept_scenes = []
-        for scene in self.generator.training_scenes(index, self.settings.examples_per_scene):
+        for scene in self.generator.training_scenes(
+                index, self.settings.examples_per_scene,
+                self.settings.long_drills if copy_phase else 0):
             encoded = self.encoder.scene(scene)
             kept = [e for e in encoded.examples
-                    if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)]
+                    if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)
+                    and not (copy_phase and self._holds_heldout_value(e.example.copy_values))]
             if kept:
                 kept_scenes.append(EncodedScene(encoded.prefix_ids, kept, scene))
         if not kept_scenes:
             raise RuntimeError(f"training step {index} has no example inside the vocabulary")
         return kept_scenes
 
-    def score(self, model: DeepseekV4, rows: RowMap, scene: EncodedScene, with_mtp: bool
-              ) -> SceneScores:
-        """Scores of the scene's examples on a model with `rows` (every token must have one)."""
+    def _holds_heldout_value(self, copied: list[str]) -> bool:
+        """Whether a copy-phase value holds a held-out value: its stream is not part of the
+        vocabulary scan (`training_values`), so it is kept apart from the held-out set here."""
+        if self._heldout_values is None:
+            scenes = heldout_scenes(self.vocab, self.encoder, HELDOUT_GUARD, self.training_values)
+            self._heldout_values = {v for s in scenes for v in s.examples[0].example.novel_values}
+        return any(held in value for value in copied for held in self._heldout_values)
+
+    def score(self, model: DeepseekV4, rows: RowMap, scene: EncodedScene, with_mtp: bool,
+              key_weight: Optional[float] = None) -> SceneScores:
+        """Scores of the scene's examples on a model with `rows` (every token must have one);
+        with `key_weight`, key tokens weigh that much in the loss."""
         examples = scene.examples
         sequences = [rows.index(e.prompt_ids + e.completion_ids) for e in examples]
         prefix = rows.index(scene.prefix_ids).tolist()
         hidden = adapter.run_scene(model, prefix, [s.tolist() for s in sequences], with_mtp)
-        targets = scene_targets(sequences, [len(e.prompt_ids) for e in examples], hidden.start_pos)
+        keys = None if key_weight is None else [e.key_tokens for e in examples]
+        targets = scene_targets(sequences, [len(e.prompt_ids) for e in examples], hidden.start_pos,
+                                keys, key_weight or 1.0)
         return score_scene(model, hidden, targets)
 
     def save(self) -> None:
@@ -132,7 +164,11 @@ class Trainer:
         if not path.is_file():
             return None
         saved = torch.load(path, weights_only=False)
-        if saved["settings"] != asdict(self.settings):
+        current = asdict(self.settings)
+        # A state saved before the copy phase existed continues into it.
+        compatible = ({k: current[k] for k in saved["settings"]} == saved["settings"]
+                      and (saved["settings"] == current or saved["step"] <= self.settings.steps))
+        if not compatible:
             raise ValueError(f"{path} was written with other settings: {saved['settings']}")
         return saved
 
@@ -144,10 +180,18 @@ class Trainer:
 
     def _learning_rate(self, index: int) -> float:
         s = self.settings
-        if index < s.warmup_steps:
-            return s.learning_rate * (index + 1) / s.warmup_steps
-        progress = (index - s.warmup_steps) / max(1, s.steps - s.warmup_steps)
-        return s.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+        if index >= s.steps:
+            return _warmup_cosine(index - s.steps, s.copy_steps, s.copy_warmup_steps,
+                                  s.copy_learning_rate)
+        return _warmup_cosine(index, s.steps, s.warmup_steps, s.learning_rate)
+
+
+def _warmup_cosine(index: int, steps: int, warmup_steps: int, peak: float) -> float:
+    """Linear warm-up to `peak`, then a cosine down to a tenth of it at `steps`."""
+    if index < warmup_steps:
+        return peak * (index + 1) / warmup_steps
+    progress = (index - warmup_steps) / max(1, steps - warmup_steps)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def _weighted(scores: list[SceneScores], key: str) -> float:

@@ -27,12 +27,30 @@ def synthetic_names(held_out: bool) -> tuple[str, ...]:
     rng = random.Random(34 if held_out else 12)
     names: set[str] = set()
     while len(names) < SYNTHETIC_NAMES:
-        syllables = rng.randint(2, 3)
-        name = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
-                       for _ in range(syllables)).capitalize()
+        name = _invented_name(rng)
         if name not in taken:
             names.add(name)
     return tuple(sorted(names))
+
+
+def _invented_name(rng: random.Random) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+                   for _ in range(rng.randint(2, 3))).capitalize()
+
+
+def fresh_name(rng: random.Random, held_out: bool) -> str:
+    """An invented name drawn anew (not from a list), never one of the other split's names."""
+    other = set(synthetic_names(not held_out))
+    while (name := _invented_name(rng)) in other:
+        pass
+    return name
+
+
+def drill_chain(rng: random.Random, held_out: bool) -> str:
+    """2–4 values of the split's kinds in a row, fresh invented names among them: a value no
+    list holds, so only copying reproduces it."""
+    kinds = ("fresh_name", "fresh_name", "words", "city", "person", "path", "date", "clock_time")
+    return " ".join(MAKERS[rng.choice(kinds)](rng, held_out) for _ in range(rng.randint(2, 4)))
 
 
 def _names(kind: str, held_out: bool) -> tuple[str, ...]:
@@ -112,4 +130,5 @@ MAKERS: dict[str, Callable[[random.Random, bool], str]] = {
     "city": city, "person": person, "full_name": full_name, "words": words, "title": title,
     "sentence": sentence, "directory": directory, "file_name": file_name, "path": path,
     "email": email, "command": command, "ticker": ticker, "date": date, "clock_time": clock_time,
+    "fresh_name": fresh_name,
 }

@@ -93,3 +93,30 @@ def test_held_out_prompts_share_no_value_with_the_training_stream(encoder) -> No
         example = scene.examples[0].example
         assert not set(example.novel_values) & set(training_values)
         assert vocab.covers(scene.examples[0].completion_ids)
+
+
+def test_key_tokens_are_the_tool_name_the_argument_values_and_the_token_closing_a_copy(
+        encoder) -> None:
+    """The copy phase weighs these up: an exact call needs every one of them."""
+    scene = DialogGenerator(1, False).scene(0, 12)
+    item = next(e for e in encoder.scene(scene).examples
+                if e.example.kind == "call" and not e.example.thinking and e.example.copy_values)
+    tokens = [encoder.tokenizer.decode([t], skip_special_tokens=False) for t in item.completion_ids]
+    keys = "".join(t for t, key in zip(tokens, item.key_tokens) if key)
+    name, _ = item.example.expected_call
+    value = item.example.copy_values[0]
+    assert name in keys and value + "</" in keys
+    assert "<｜DSML｜tool_calls>" not in keys and "parameter name=" not in keys
+
+
+def test_long_drills_copy_values_no_list_holds_and_no_held_out_name() -> None:
+    generator = DialogGenerator(1, False)
+    drills = generator.drill_scene(400, long_drills=24).examples
+    assert len(drills) == 24
+    listed = set(values.synthetic_names(False)) | set(lists.pool("city", False))
+    for drill in drills:
+        (value,) = drill.copy_values
+        assert drill.target["content"] == value and value not in listed
+        assert not set(value.split()) & set(values.synthetic_names(True))
+    assert generator.training_scenes(400, 2, long_drills=3)[2].examples[0].copy_values
+    assert len(generator.training_scenes(400, 2)) == 2

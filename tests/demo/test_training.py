@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 from services.demo import export
+from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main
-from services.demo.trainer import Trainer, TrainSettings
+from services.demo.trainer import STATE_FILE, Trainer, TrainSettings
 
 TINY_RUN = TrainSettings(steps=2, examples_per_scene=2)
 
@@ -38,3 +39,37 @@ def test_a_run_ended_early_writes_plots_metrics_evaluation_and_the_compact_check
     assert report["heldout_prompts"] == 1 and report["steps"] == 1
     assert len(json.loads((out / export.HELDOUT_FILE).read_text())) == 2
     assert sorted(p.name for p in (out / "compact").iterdir()) == sorted(export.COMPACT_FILES)
+
+
+def test_a_state_saved_before_the_copy_phase_existed_continues_into_it(tmp_path: Path) -> None:
+    """A state written by the one-phase trainer (settings without the copy-phase fields) resumes
+    into the copy phase, on its learning-rate schedule."""
+    settings = TrainSettings(steps=1, examples_per_scene=2, copy_steps=1, long_drills=2)
+    trainer = Trainer(tmp_path, settings)
+    trainer.train_step()
+    trainer.save()
+    state = torch.load(tmp_path / STATE_FILE, weights_only=False)
+    state["settings"] = {k: v for k, v in state["settings"].items()
+                         if k in ("seed", "steps", "examples_per_scene", "learning_rate",
+                                  "warmup_steps", "mtp_weight", "clip_norm")}
+    torch.save(state, tmp_path / STATE_FILE)
+    resumed = Trainer(tmp_path, settings)
+    # Scene 0 again: a one-step run's vocabulary covers no other scene. For the same reason the
+    # held-out guard would search thousands of held-out scenes for 200 it covers: none here.
+    stream = resumed.generator.training_scenes
+    resumed.generator.training_scenes = lambda index, examples, drills: stream(0, examples, drills)
+    resumed._heldout_values = set()
+    record = resumed.train_step()
+    assert record["step"] == 2 and record["lr"] == settings.copy_learning_rate / 20
+
+
+def test_key_tokens_weigh_key_weight_in_the_loss() -> None:
+    sequences = [torch.tensor([5, 6, 7, 8]), torch.tensor([5, 9, 2])]
+    targets = scene_targets(sequences, [2, 2], start=1, key_tokens=[[True, False], [True]],
+                            key_weight=3.0)
+    assert targets.weights.tolist() == [3.0, 1.0, 3.0]
+    assert targets.targets.tolist() == targets.mtp_targets.tolist() == [7, 8, 2]
+    logits = torch.randn(3, 10)
+    per_token = torch.nn.functional.cross_entropy(logits, targets.targets, reduction="none")
+    expected = (3 * per_token[0] + per_token[1] + 3 * per_token[2]) / 7
+    assert torch.allclose(weighted_cross_entropy(logits, targets.targets, targets.weights), expected)
