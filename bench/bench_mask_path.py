@@ -4,9 +4,10 @@ each carrying a grammar mask (no model): what the constrained-vs-unconstrained I
     python -m bench.bench_mask_path [--batch 32] [--form free|structure] [--runs 30]
 
 Stages (best of `--runs`, whole batch): the scheduler commits a free-text token to every row
-(accept, forced tokens) and builds its next mask and row descriptor; the StepRequest is encoded (scheduler)
-and decoded (worker) — its size is printed; the plan is pickled through a rank pipe (once per rank);
-the rank decodes each row's mask to a tensor; and samples each row under its mask from random
+(accept, forced tokens) and builds its next mask and row descriptor; the StepRequest is encoded
+(scheduler), its bytes go through a localhost gRPC call, it is decoded (worker) — its size is
+printed; the plan is pickled through a rank pipe (once per rank); the rank decodes each row's mask
+to a tensor; and samples each row under its mask from random
 logits (`argmax allowed`: the unmasked argmax is allowed, the common case in free text;
 `argmax refused`: the mask must be applied). `free` puts every row at a free-text position
 (strict tool, `tool_choice: auto`: 3 of 129,280 tokens refused, the refused-ids form), `structure`
@@ -20,9 +21,11 @@ import asyncio
 import pickle
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+import grpc
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +43,8 @@ EOS = 1
 WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
     "type": "object", "additionalProperties": False, "required": ["city"],
     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
+MESSAGE_LIMITS = [("grpc.max_send_message_length", 64 << 20),
+                  ("grpc.max_receive_message_length", 64 << 20)]
 STRUCTURE_PREFIX = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="'
 
 
@@ -62,6 +67,23 @@ def matchers(service: GrammarService, batch: int, form: str) -> list[Any]:
         for matcher in rows:
             assert all(matcher.accept(token) for token in ids)
     return rows
+
+
+def echo_call() -> tuple[Callable[[], None], Callable[[bytes], bytes]]:
+    """A localhost gRPC server that answers every message with an empty one, and the call that
+    sends it bytes (the StepRequest's transport, HTTP/2 flow control included, without protobuf)."""
+    server = grpc.server(ThreadPoolExecutor(max_workers=1), options=MESSAGE_LIMITS)
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"")
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("bench.Echo",
+                                                                          {"Send": handler})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=MESSAGE_LIMITS)
+
+    def stop() -> None:
+        channel.close()
+        server.stop(None)
+    return stop, channel.unary_unary("/bench.Echo/Send")
 
 
 def form_of(mask: TokenMask) -> str:
@@ -119,9 +141,11 @@ def main() -> None:
             matcher.forced_tokens(16)
             matcher_mask(matcher)
 
+    stop_echo, send = echo_call()
     stages = [
         ("scheduler: commit + next mask + descriptor", commit_and_mask),
         ("scheduler: encode StepRequest", lambda: plan_to_proto(plan).SerializeToString()),
+        ("wire: localhost gRPC call carrying the StepRequest", lambda: send(wire)),
         ("worker: decode StepRequest", lambda: plan_from_proto(type(request).FromString(wire))),
         ("worker: rank pipe (pickle + unpickle, per rank)",
          lambda: pickle.loads(pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))),
@@ -141,6 +165,7 @@ def main() -> None:
     for matcher in rows:
         matcher.release()
     service.close()
+    stop_echo()
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from services.scheduler.raw_string_lift import LiftedSpec, lift_raw_string_limit
 # where the list wins. Real positions are bimodal anyway: structure/enum/number positions allow
 # <= 14 tokens, free text (reasoning, raw strings) >= 129,000: a tool-calling free-text position
 # refuses 3 tokens, so its mask is ~10 B instead of 16,163 B (bench/bench_mask_path.py: a batch-32
-# StepRequest of free-text rows went from 517,764 B to REPLACE_BYTES B).
+# StepRequest of free-text rows went from 517,764 B to 836 B).
 SHORT_MASK_MAX_IDS = 4096
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 JSON_MAX_WHITESPACE = 1

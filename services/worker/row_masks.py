@@ -3,6 +3,7 @@ step descriptor (allowed ids, XGrammar bitmask bytes or refused ids), drafts con
 forced flags and with one mask per sampled position (verification.py)."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -12,6 +13,10 @@ from services.common.step_descriptors import RowMask, ScheduledRow, StepMasks, T
 from services.worker.model.runtime import SequenceChunk, StepOutput
 from services.worker.model.sampling import NoAllowedToken, greedy_sample
 from services.worker.model.verification import sampled_offsets
+
+
+# Distinct refused-id sets whose bitmask words are kept (16 KB each at V = 129,280).
+REFUSED_MASKS_CACHED = 64
 
 
 class RowError(Exception):
@@ -61,9 +66,12 @@ def _check_ids(token_ids: tuple[int, ...], vocab_size: int, verb: str) -> None:
         raise RowError(f"token mask {verb} id {largest}, vocabulary has {vocab_size} tokens")
 
 
+@functools.lru_cache(maxsize=REFUSED_MASKS_CACHED)
 def _refused_bitmask(refused_token_ids: tuple[int, ...], vocab_size: int) -> torch.Tensor:
     """The int32 bitmask words allowing every token of the vocabulary but `refused_token_ids`
-    (3 ids: ~5 µs against ~12 µs through a bool array and np.packbits)."""
+    (read only: shared by every row refusing the same ids). Free-text rows of one grammar refuse
+    the same few ids, so a batch builds each set once: a batch-32 step's masks decode in ~0.015 ms
+    from the cache against ~0.2 ms built row by row (~6.5 µs each, bench/bench_mask_path.py)."""
     _check_ids(refused_token_ids, vocab_size, "refuses")
     num_words = (vocab_size + 31) // 32
     words = np.full(num_words, 0xFFFFFFFF, dtype=np.uint32)
