@@ -12,7 +12,8 @@ constrained decoding per token.
    over the time from the first first-token to the last token.
 3. Constrained vs unconstrained: mean inter-token latency of streaming chat requests at batch 1 and
    `--batch`, with a strict tool and `tool_choice: "auto"` (the grammar runs every step while the
-   model writes free text) against the same request without tools.
+   model writes free text) against the same request without tools, and against the same request
+   with `tool_choice: "none"` (the same prompt, tools shown, no grammar: the grammar's cost alone).
 Both sides use one intra-op thread (the worker's default on CPU). Default model: tiny-a. Parts 2
 and 3 run once per scheduler mode asked (`both`: async scheduling on, then off, side by side), each
 end-to-end figure with its ratio to the bare forward.
@@ -109,11 +110,15 @@ def measure_end_to_end(model_dir: Path, batch: int, prompt_len: int, steps: int,
             chat = {"model": "bench", "max_tokens": steps + 1, "temperature": 0,
                     "messages": [{"role": "user", "content": "Say something."}]}
             plain = concurrent_streams(stack.base_url, "/v1/chat/completions", [chat] * size)
+            tools_shown = concurrent_streams(stack.base_url, "/v1/chat/completions",
+                                             [{**chat, "tools": [STRICT_TOOL], "tool_choice": "none"}] * size)
             constrained = concurrent_streams(stack.base_url, "/v1/chat/completions",
                                              [{**chat, "tools": [STRICT_TOOL], "tool_choice": "auto"}] * size)
             a, b = mean_inter_token_ms(plain), mean_inter_token_ms(constrained)
+            same_prompt = mean_inter_token_ms(tools_shown)
             print(f"inter-token latency batch={size} {mode}: unconstrained {a:.1f} ms, constrained (auto, strict "
-                  f"tool) {b:.1f} ms, ratio {b / a:.3f}")
+                  f"tool) {b:.1f} ms, ratio {b / a:.3f}; unconstrained with the same prompt (tool_choice "
+                  f"none) {same_prompt:.1f} ms, ratio {b / same_prompt:.3f}")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

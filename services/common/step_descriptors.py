@@ -39,12 +39,14 @@ class GroupBlocks:
 
 @dataclass(frozen=True)
 class TokenMask:
-    """Tokens allowed at a sampled position: ascending ids (short form) or XGrammar bitmask bytes
-    (long form, ceil(vocab/32) little-endian int32 words). Exactly one form is set; an empty mask
-    allows nothing."""
+    """Tokens allowed at a sampled position, in one of three forms (exactly one set; an empty mask
+    allows nothing): the allowed ids ascending, XGrammar bitmask bytes (ceil(vocab/32)
+    little-endian int32 words), or the refused ids ascending (every other token is allowed).
+    The scheduler sends the smallest (grammar.py)."""
 
     allowed_token_ids: tuple[int, ...] = ()
     bitmask: bytes = b""
+    refused_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

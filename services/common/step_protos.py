@@ -57,11 +57,13 @@ def masks_from_proto(request: worker_pb2.StepRequest) -> StepMasks:
 
 
 def _mask_to_proto(mask: TokenMask) -> worker_pb2.TokenMask:
-    return worker_pb2.TokenMask(allowed_token_ids=mask.allowed_token_ids, bitmask=mask.bitmask)
+    return worker_pb2.TokenMask(allowed_token_ids=mask.allowed_token_ids, bitmask=mask.bitmask,
+                                refused_token_ids=mask.refused_token_ids)
 
 
 def _mask_from_proto(mask: worker_pb2.TokenMask) -> TokenMask:
-    return TokenMask(allowed_token_ids=tuple(mask.allowed_token_ids), bitmask=mask.bitmask)
+    return TokenMask(allowed_token_ids=tuple(mask.allowed_token_ids), bitmask=mask.bitmask,
+                     refused_token_ids=tuple(mask.refused_token_ids))
 
 
 def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:

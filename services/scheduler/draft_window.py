@@ -98,4 +98,6 @@ def matcher_mask(matcher) -> TokenMask:
     row = matcher.mask()
     if row.allowed_token_ids is not None:
         return TokenMask(allowed_token_ids=tuple(row.allowed_token_ids))
+    if row.refused_token_ids is not None:
+        return TokenMask(refused_token_ids=tuple(row.refused_token_ids))
     return TokenMask(bitmask=bytes(row.bitmask))

@@ -27,14 +27,17 @@ from services.common.constraint_kind import ConstraintKind
 from services.scheduler.raw_string_guard import LengthGuard, TokenTexts
 from services.scheduler.raw_string_lift import LiftedSpec, lift_raw_string_limits
 
-# A mask with at most this many allowed tokens travels as an id list, otherwise as the bitmask.
+# A mask with at most this many allowed tokens travels as an id list of them, one with at most this
+# many refused tokens as an id list of those, otherwise as the bitmask.
 # Measured with bench/bench_grammar.py (V = 129,280; shared 2-core machine, best of 30):
 #   serialized TokenMask: ids ~2.9 B each (1024 ids: 2,972 B; 4096: 11,724 B) vs 16,163 B always;
 #   scheduler cost: ids ~40 µs + ~0.16 µs/id (4096 ids: 0.7 ms) vs ~5 µs for the bitmask bytes;
 #   worker cost on CPU: applying a bitmask row ~1.75 ms (xgrammar-notes) vs a scatter of the ids.
 # Bytes break even near 5,500 ids and the end-to-end time near 6,000, so 4096 keeps every case
 # where the list wins. Real positions are bimodal anyway: structure/enum/number positions allow
-# <= 14 tokens, free text (reasoning, raw strings) >= 129,000.
+# <= 14 tokens, free text (reasoning, raw strings) >= 129,000: a tool-calling free-text position
+# refuses 3 tokens, so its mask is ~10 B instead of 16,163 B (bench/bench_mask_path.py: a batch-32
+# StepRequest of free-text rows went from 517,764 B to 836 B).
 SHORT_MASK_MAX_IDS = 4096
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 JSON_MAX_WHITESPACE = 1
@@ -56,11 +59,12 @@ class GrammarCompileError(Exception):
 
 @dataclass(frozen=True)
 class MaskRow:
-    """The tokens allowed at one position: exactly one of the two forms is set."""
+    """The tokens allowed at one position: exactly one of the three forms is set."""
 
     num_allowed: int
     allowed_token_ids: Optional[list[int]] = None   # ascending
     bitmask: Optional[bytes] = None                 # ceil(V/32) int32 words, little-endian
+    refused_token_ids: Optional[list[int]] = None   # ascending, at least one
 
 
 @dataclass(frozen=True)
@@ -240,9 +244,14 @@ class RequestMatcher:
         self._on_release: Optional[Callable[[], None]] = on_release
 
     def mask(self) -> MaskRow:
+        """The next position's mask in its smallest form (SHORT_MASK_MAX_IDS)."""
         count = self._fill_mask()
         if count <= SHORT_MASK_MAX_IDS:
-            return MaskRow(count, allowed_token_ids=self._allowed_ids().tolist())
+            return MaskRow(count, allowed_token_ids=self._set_bits(self._words()).tolist())
+        if count >= self._vocab_size - SHORT_MASK_MAX_IDS:
+            refused = self._set_bits(~self._words())
+            if refused.size:   # none refused: an empty list would read as "allows nothing"
+                return MaskRow(count, refused_token_ids=refused.tolist())
         return MaskRow(count, bitmask=self._bitmask.numpy().astype("<i4", copy=False).tobytes())
 
     def accept(self, token_id: int) -> bool:
@@ -274,7 +283,7 @@ class RequestMatcher:
         forced: list[int] = []
         while len(forced) < limit and not self._matcher.is_terminated():
             if self._fill_mask() == 1:
-                token = int(self._allowed_ids()[0])
+                token = int(self._set_bits(self._words())[0])
                 if token == self._eos_token_id or not self.accept(token):
                     break
                 forced.append(token)
@@ -315,9 +324,9 @@ class RequestMatcher:
             self._filled_count = int(np.bitwise_count(self._words()).sum())
         return self._filled_count
 
-    def _allowed_ids(self) -> np.ndarray:
-        """Allowed token ids (ascending) of the filled bitmask."""
-        words = self._words()
+    def _set_bits(self, words: np.ndarray) -> np.ndarray:
+        """Token ids (ascending, within the vocabulary) of the bits set in `words` (the filled
+        bitmask: the allowed ids; its complement: the refused ones)."""
         nonzero = np.flatnonzero(words)
         bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
         ids = (nonzero[:, None] * 32 + np.arange(32))[bits.astype(bool)]

@@ -248,6 +248,9 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             token = EOS_TOKEN_ID
         else:
             token = next_token(tokens)
+        if mask.refused_token_ids:
+            refused = set(mask.refused_token_ids)
+            return token if token not in refused else min(set(range(len(refused) + 1)) - refused)
         allowed = _allowed(mask)
         if allowed is not None and token not in allowed:
             token = min(allowed)

@@ -27,6 +27,8 @@ def allowed_ids(mask: Optional[TokenMask]) -> Optional[np.ndarray]:
         return None
     if mask.allowed_token_ids:
         return np.array(mask.allowed_token_ids)
+    if mask.refused_token_ids:
+        return np.setdiff1d(np.arange(VOCAB), mask.refused_token_ids)
     words = np.frombuffer(mask.bitmask, dtype="<u4")
     bits = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
     return np.flatnonzero(bits[:VOCAB])

@@ -221,7 +221,7 @@ class TestMatcherMechanics:
         finally:
             matcher.release()
 
-    def test_mask_short_form_for_structure_bitmask_for_free_text(self, service, tokenizer):
+    def test_mask_allowed_ids_for_structure_refused_ids_for_free_text(self, service, tokenizer):
         matcher = service.matcher(compile_constraint(service, required(WEATHER)))
         try:
             row = matcher.mask()   # only "\n\n<..." can start the block
@@ -233,12 +233,32 @@ class TestMatcherMechanics:
                 assert token in matcher.mask().allowed_token_ids or matcher.mask().bitmask
                 assert matcher.accept(token)
             row = matcher.mask()   # inside a raw string: almost any token
-            assert row.allowed_token_ids is None and row.num_allowed > SHORT_MASK_MAX_IDS
-            assert len(row.bitmask) == 4 * ((VOCAB_SIZE + 31) // 32)
-            words = memoryview(row.bitmask).cast("I")
+            assert row.allowed_token_ids is None and row.bitmask is None
+            assert 0 < len(row.refused_token_ids) <= SHORT_MASK_MAX_IDS
+            assert row.num_allowed == VOCAB_SIZE - len(row.refused_token_ids)
+            assert row.refused_token_ids == sorted(row.refused_token_ids)
             paris = tokenizer.encode("Paris", add_special_tokens=False).ids[0]
-            assert words[paris // 32] >> (paris % 32) & 1
-            assert not words[EOS // 32] >> (EOS % 32) & 1
+            assert paris not in row.refused_token_ids and EOS in row.refused_token_ids
+        finally:
+            matcher.release()
+
+    def test_mask_refused_ids_where_shortest_else_bitmask(self, service, tokenizer, monkeypatch):
+        """Inside a JSON string ~1,800 tokens are refused (quotes, control characters): the refused
+        list; with a shorter list limit the bitmask, allowing exactly the tokens not listed."""
+        matcher = service.matcher(compile_constraint(service, required(WEATHER)))
+        try:
+            prefix = f"\n\n<{DSML}tool_calls>\n" + f'<{DSML}invoke name="get_weather">\n' + \
+                param("city", "Paris", True) + param("days", "3", False) + \
+                f'<{DSML}parameter name="tags" string="false">["a'
+            ids = tokenizer.encode(prefix, add_special_tokens=False).ids
+            assert all(matcher.accept(token) for token in ids)
+            refused = matcher.mask().refused_token_ids
+            assert refused is not None and 1000 < len(refused) <= SHORT_MASK_MAX_IDS
+            monkeypatch.setattr("services.scheduler.grammar.SHORT_MASK_MAX_IDS", 1000)
+            row = matcher.mask()
+            assert row.allowed_token_ids is None and row.refused_token_ids is None
+            bits = np.unpackbits(np.frombuffer(row.bitmask, np.uint8), bitorder="little")
+            assert np.flatnonzero(bits[:VOCAB_SIZE] == 0).tolist() == refused
         finally:
             matcher.release()
 
@@ -329,6 +349,8 @@ def allowed_ids(matcher: RequestMatcher) -> np.ndarray:
     row = matcher.mask()
     if row.allowed_token_ids is not None:
         return np.array(row.allowed_token_ids)
+    if row.refused_token_ids is not None:
+        return np.setdiff1d(np.arange(VOCAB_SIZE), row.refused_token_ids)
     return np.flatnonzero(np.unpackbits(np.frombuffer(row.bitmask, np.uint8), bitorder="little"))
 
 

@@ -127,14 +127,17 @@ def test_ties_go_to_the_lowest_allowed_id() -> None:
 
 
 @pytest.mark.parametrize("vocab", [33, 64, 100])
-def test_decoded_worker_masks_choose_the_reference_argmax(vocab: int) -> None:
-    """Scheduler bytes → `decode_token_mask` → sampler, in both TokenMask forms."""
+def test_every_mask_form_samples_the_reference_argmax(vocab: int) -> None:
+    """Scheduler bytes → `decode_token_mask` → sampler: the three TokenMask forms of one set of
+    allowed tokens sample the same token, the reference one."""
     rng = random.Random(vocab)
     for _ in range(100):
         logits = [rng.randint(-8, 8) / 4 for _ in range(vocab)]
-        allowed = {t for t in range(vocab) if rng.random() < rng.choice((0.05, 0.5))}
-        for mask in (TokenMask(allowed_token_ids=tuple(sorted(allowed))),
-                     TokenMask(bitmask=pack_bitmask(allowed, vocab))):
+        allowed = {t for t in range(vocab) if rng.random() < rng.choice((0.05, 0.5, 0.95))}
+        refused = tuple(t for t in range(vocab) if t not in allowed)
+        forms = [TokenMask(allowed_token_ids=tuple(sorted(allowed))),
+                 TokenMask(bitmask=pack_bitmask(allowed, vocab))]
+        for mask in forms + ([TokenMask(refused_token_ids=refused)] if refused else []):
             if not allowed:
                 with pytest.raises(RowError, match="allows no token"):
                     decode_token_mask(mask, vocab)

@@ -197,15 +197,25 @@ class TestMaskDecoding:
         set_bits = [32 * w + b for w in range(32) for b in range(32) if (words[w] >> b) & 1]
         assert set_bits == [0, 31, 33, 999]
 
+    def test_refused_ids_become_words_allowing_every_other_token(self):
+        allowed, bitmask = decode_token_mask(TokenMask(refused_token_ids=(0, 33, 999)), 1000)
+        assert allowed is None and bitmask.dtype == torch.int32 and bitmask.shape == (32,)
+        words = bitmask.tolist()
+        clear_bits = [32 * w + b for w in range(32) for b in range(32) if not (words[w] >> b) & 1]
+        assert clear_bits == [0, 33] + list(range(999, 1024))   # bits past the vocabulary: clear
+
     @pytest.mark.parametrize("mask, message", [
         (TokenMask(), "allows no token"),
+        (TokenMask(refused_token_ids=tuple(range(1000))), "allows no token"),
+        (TokenMask(refused_token_ids=(5, 1000)), "refuses id 1000, vocabulary has 1000"),
+        (TokenMask(allowed_token_ids=(5,), refused_token_ids=(6,)), "more than one form"),
         (TokenMask(bitmask=bitmask_bytes([])), "allows no token"),
         # Bits past the vocabulary do not count as allowed tokens.
         (TokenMask(bitmask=np.array([0] * 31 + [1 << 31], dtype="<u4").tobytes()),
          "allows no token"),
         (TokenMask(bitmask=bytes(8)), "expected 128"),
         (TokenMask(allowed_token_ids=(5, 1000)), "vocabulary has 1000"),
-        (TokenMask(allowed_token_ids=(5,), bitmask=bitmask_bytes([5])), "both"),
+        (TokenMask(allowed_token_ids=(5,), bitmask=bitmask_bytes([5])), "more than one form"),
     ])
     def test_invalid_masks_are_row_errors(self, mask, message):
         with pytest.raises(RowError, match=message):

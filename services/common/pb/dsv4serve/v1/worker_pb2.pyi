@@ -115,12 +115,14 @@ class NewSequence(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_token_ids: _Optional[_Iterable[int]] = ..., logit_bias_values: _Optional[_Iterable[float]] = ..., request_id: _Optional[str] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenMask(_message.Message):
-    __slots__ = ("allowed_token_ids", "bitmask")
+    __slots__ = ("allowed_token_ids", "bitmask", "refused_token_ids")
     ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BITMASK_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
     bitmask: bytes
-    def __init__(self, allowed_token_ids: _Optional[_Iterable[int]] = ..., bitmask: _Optional[bytes] = ...) -> None: ...
+    refused_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, allowed_token_ids: _Optional[_Iterable[int]] = ..., bitmask: _Optional[bytes] = ..., refused_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GroupBlocks(_message.Message):
     __slots__ = ("group", "first_logical_block", "block_ids")
