@@ -11,9 +11,15 @@ import httpx
 import pytest
 
 from tests.containers.compose_stack import FRONTEND_REPLICAS, RunningStack, http_status
+from tests.containers.conftest import COMPOSE_FILES
 from tests.e2e.helpers import describe_usage, grpcurl_path, is_idle, scheduler_state, wait_for
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
+# Restart policies and frontend replicas are the same services in every compose file: their tests run
+# on the single-worker file only; the 16-rank file is held to serving, grpcurl, the operators' check,
+# idleness and a clean teardown (a worker process lost under 16 ranks: tests/e2e/test_sixteen_ranks_e2e.py).
+single_worker_file_only = pytest.mark.parametrize("running", [COMPOSE_FILES[0]], indirect=True,
+                                                  ids=lambda path: path.name)
 RECOVERY_TIMEOUT_S = 240
 CHECK_TIMEOUT_S = 900
 
@@ -60,6 +66,7 @@ def test_grpcurl_lists_the_scheduler_and_reads_its_state_on_the_published_port(
     assert state["partitions"]
 
 
+@single_worker_file_only
 @pytest.mark.parametrize("role", ["worker", "scheduler"])
 def test_a_crashed_service_turns_health_503_until_its_restart_policy_brings_it_back(
         running: RunningStack, role: str) -> None:
@@ -87,6 +94,7 @@ def test_dsv4serve_check_passes_against_a_replica(running: RunningStack) -> None
         f"dsv4serve check --url {url} exited {done.returncode}:\n{done.stdout}{done.stderr}"
 
 
+@single_worker_file_only
 def test_killing_one_frontend_replica_leaves_the_others_serving(running: RunningStack) -> None:
     victim, *others = running.stack.containers("frontend")
     running.stack.stop(victim)

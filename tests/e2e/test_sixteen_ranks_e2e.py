@@ -109,16 +109,15 @@ def test_a_decode_in_one_partition_is_untouched_by_a_long_prefill_in_another(dep
     """A decodes in partition 0 while B prefills 1,500 tokens in partition 1 (2 and 3 idle): A's
     tokens equal A alone, and B's blocks are in partition 1 only."""
     prompt_a, prompt_b = random_prompts((40, 1500), seed=2)
-    alone = asyncio.run(generate(deployment.scheduler_address, (prompt_a,), 48, "alone"))[0]
+    alone = asyncio.run(generate(deployment.scheduler_address, (prompt_a,), 24, "alone"))[0]
     usage_during_b: list[pb.GetSchedulerStateResponse] = []
 
     async def both() -> list[int]:
-        a = asyncio.ensure_future(generate(deployment.scheduler_address, (prompt_a,), 48, "a"))
+        a = asyncio.ensure_future(generate(deployment.scheduler_address, (prompt_a,), 24, "a"))
         address = deployment.scheduler_address
-        await _until(address, lambda s: s.num_running == 1 and _output_tokens(s, "a-0") >= 4)
+        await _until(address, lambda s: s.num_running == 1 and _output_tokens(s, "a-0") >= 4, a)
         b = asyncio.ensure_future(generate(address, (prompt_b,), 1, "b"))
-        usage_during_b.append(await _until(address,
-                                           lambda s: _computed(s, "b-0") > 0 and not a.done()))
+        usage_during_b.append(await _until(address, lambda s: _computed(s, "b-0") > 0, a))
         await b
         return (await a)[0]
 
@@ -160,9 +159,11 @@ def _computed(state: pb.GetSchedulerStateResponse, request_id: str) -> int:
     return next((r.computed_tokens for r in state.requests if r.request_id == request_id), 0)
 
 
-async def _until(address: str, condition) -> pb.GetSchedulerStateResponse:
-    """The first scheduler state (with requests) that satisfies `condition`."""
+async def _until(address: str, condition, running: asyncio.Future) -> pb.GetSchedulerStateResponse:
+    """The first scheduler state (with requests) that satisfies `condition` while `running` is not
+    done yet; a failure, not a hang, when it finishes first."""
     while True:
+        assert not running.done(), "the decode finished before the state the test waits for"
         state = await asyncio.to_thread(scheduler_state, address, True)
         if condition(state):
             return state
