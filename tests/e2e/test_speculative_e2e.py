@@ -5,8 +5,8 @@ a DSpark K=7 stack on one rank and one on dp2 × tp2 × ep4 (ranks drafting in l
 The session stack (K=0) is the reference. Cases are combined into a few
 concurrent batches: plain chat, thinking, constrained `required` / named / `auto`+strict tools
 (streamed and not), `response_format`, stop strings, a `max_tokens` cut inside a draft window,
-prompts longer than one chunk (64-token chunks here), EOS steered into the drafts by `logit_bias`,
-16 concurrent requests, and an abort storm of 200 constrained requests.
+prompts longer than one chunk (64-token chunks here), EOS steered into the drafts by `logit_bias`
+— 24 requests, 16 at a time — and an abort storm of 200 constrained requests.
 """
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ def test_speculative_stack_gives_the_target_only_tokens(stack, speculative, tiny
     assert outcomes(speculative, cases) == reference
     assert any(r[2] for r in reference), "some constrained case must end in a tool call"
     assert metric(speculative, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
-    assert metric(speculative, "dsv4serve:spec_decode_num_accepted_tokens_total") >= 0
+    assert wait_for(lambda: is_idle(scheduler_state(speculative.scheduler_address)), 60)
+    assert scheduler_state(speculative.scheduler_address).num_live_draft_states == 0
 
 
 def test_dspark_stack_gives_the_target_only_tokens(stack, dspark_stack, tiny_model_dir):
@@ -174,15 +175,6 @@ def test_a_sharded_dspark_stack_gives_the_target_only_tokens_and_survives_a_pref
     assert metric(sharded_dspark_stack, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
     assert wait_for(lambda: is_idle(scheduler_state(address)), 60)
     assert scheduler_state(address).num_live_draft_states == 0
-
-
-def test_sixteen_concurrent_speculative_requests_give_the_target_only_tokens(stack, speculative):
-    cases = [({"model": stack.served_model_name, "temperature": 0, "max_tokens": 16 + i,
-               "messages": [{"role": "user", "content": f"Request number {i}"}]}, i % 2 == 0)
-             for i in range(16)]
-    assert outcomes(speculative, cases) == outcomes(stack, cases)
-    assert wait_for(lambda: is_idle(scheduler_state(speculative.scheduler_address)), 60)
-    assert scheduler_state(speculative.scheduler_address).num_live_draft_states == 0
 
 
 def test_abort_storm_of_speculative_constrained_requests_leaves_nothing(speculative):
