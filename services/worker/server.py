@@ -50,7 +50,8 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
                                                rows_per_block=family.rows_per_block,
                                                bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
-        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
+        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype,
+        max_num_seqs=facts.max_num_seqs)
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
