@@ -24,8 +24,9 @@ from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
 from services.worker.step_stream import LastSampled, StepInbox
-from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
-                                   RuntimeFactory, rank_specs, store_address)
+from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank_specs,
+                                       store_address)
+from services.worker.ranks import RankGroup, RankGroupError
 
 _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
