@@ -226,7 +226,8 @@ def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None
     model must serve --speculative-config."""
     if not hasattr(args, "tp"):
         return
-    from services.worker.model.config import ConfigError, ModelConfig
+    from services.worker.model.config import ModelConfig
+    from services.worker.model.config_fields import ConfigError
     from services.worker.model.parallel import TopologyError, check_topology
     from services.worker.speculation import SpeculationError, check_speculation
 

@@ -11,7 +11,8 @@ from safetensors import safe_open
 from services.worker.model.checkpoint import CheckpointError
 from services.worker.model.checkpoint_specs import expected_tensors
 from services.worker.model.collectives import LocalCollectives
-from services.worker.model.config import ConfigError, ModelConfig
+from services.worker.model.config import ModelConfig
+from services.worker.model.config_fields import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark import DSparkDrafter, window_bytes
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk

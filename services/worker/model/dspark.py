@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.model.config import ConfigError, ModelConfig
+from services.worker.model.config import ModelConfig
+from services.worker.model.config_fields import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
