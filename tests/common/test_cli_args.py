@@ -328,7 +328,7 @@ class TestTopologyAgainstTheModel:
     @pytest.fixture(scope="class")
     @classmethod
     def ep16_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        from services.worker.model.tiny_checkpoint import preset_config
+        from services.worker.model.tiny_presets import preset_config
 
         out = tmp_path_factory.mktemp("ep16-config")
         (out / "config.json").write_text(json.dumps(preset_config("tiny-ep16")))

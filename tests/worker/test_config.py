@@ -8,7 +8,7 @@ import pytest
 
 from services.worker.model.config import ModelConfig
 from services.worker.model.config_fields import ConfigError
-from services.worker.model.tiny_checkpoint import FLASH_CONFIG, preset_config
+from services.worker.model.tiny_presets import FLASH_CONFIG, preset_config
 
 
 def flash() -> dict:

@@ -16,7 +16,8 @@ from services.worker.model.config_fields import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark import DSparkDrafter, window_bytes
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
-from services.worker.model.tiny_checkpoint import preset_config, write_tiny_checkpoint
+from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
+from services.worker.model.tiny_presets import preset_config
 from tests.worker import dspark_reference
 from tests.worker.dspark_ranks import draft_on_layout
 
