@@ -4,10 +4,10 @@ Computed on the host before any rank starts, from `config.json`, the checkpoint'
 `ModelRuntime.block_bytes` — no weights are loaded. Block capacity is `--num-blocks` when given,
 else the KV memory budget divided by the bytes one block costs in every group together (plus the
 MTP drafter's cache, which is paged with the same blocks), after a DSpark drafter's per-sequence
-windows for `--max-num-seqs` sequences (the scheduler runs no more than that many per partition). Every group gets the same count
-(`WorkerConfig.num_blocks` is per group): a prefix-cache hit at a block boundary needs, in each
-windowed group, the blocks just before it, so keeping every boundary of a cached prefix hittable
-takes as many blocks in each group as in the whole-sequence group.
+windows for `--max-num-seqs` sequences (the scheduler runs no more than that many per partition).
+Every group gets the same count (`WorkerConfig.num_blocks` is per group): a prefix-cache hit at a
+block boundary needs, in each windowed group, the blocks just before it, so keeping every boundary
+of a cached prefix hittable takes as many blocks in each group as in the whole-sequence group.
 """
 from __future__ import annotations
 
