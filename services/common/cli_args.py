@@ -120,7 +120,8 @@ def worker_config_from_args(args: argparse.Namespace, model_dir: Path) -> Worker
     return WorkerConfig(
         model_dir=model_dir, host=args.host, port=args.port, topology=topology_from_args(args),
         block_size=args.block_size, max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        num_blocks=args.num_blocks,
         kv_cache_memory_bytes=args.kv_cache_memory, dtype=args.dtype, speculative=args.speculative_config,
         torch_threads=args.torch_threads, ranks=getattr(args, "ranks", None),
         dist_init_addr=getattr(args, "dist_init_addr", None),
@@ -225,7 +226,8 @@ def check_topology_fits_model(args: argparse.Namespace, model_dir: Path) -> None
     model must serve --speculative-config."""
     if not hasattr(args, "tp"):
         return
-    from services.worker.model.config import ConfigError, ModelConfig
+    from services.worker.model.config import ModelConfig
+    from services.worker.model.config_fields import ConfigError
     from services.worker.model.parallel import TopologyError, check_topology
     from services.worker.speculation import SpeculationError, check_speculation
 

@@ -17,6 +17,7 @@ def worker_argv(cfg: WorkerConfig) -> list[str]:
     argv = ["--model", str(cfg.model_dir), "--backend", t.backend, "--dp", str(t.dp), "--tp", str(t.tp),
             "--ep", str(t.ep), *_length_flags(cfg.block_size, cfg.max_model_len, cfg.max_num_batched_tokens,
                                                 cfg.speculative),
+            "--max-num-seqs", str(cfg.max_num_seqs),
             "--kv-cache-memory", str(cfg.kv_cache_memory_bytes), "--torch-threads", str(cfg.torch_threads),
             "--host", cfg.host, "--port", str(cfg.port)]
     if t.devices:

@@ -46,8 +46,13 @@ def _add_lengths(p: argparse.ArgumentParser) -> None:
                    help='JSON, e.g. \'{"method":"dspark","num_speculative_tokens":7}\'')
 
 
+def _add_sequence_limit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-num-seqs", type=positive_int, default=8,
+                   help="running requests per partition at most (a worker with a DSpark drafter "
+                        "keeps its per-sequence windows for this many in --kv-cache-memory)")
+
+
 def _add_scheduling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-num-seqs", type=positive_int, default=8, help="running requests at most")
     p.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=128,
                    help="prefill chunk size per request per step")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -173,6 +178,7 @@ def build_worker_parser(prog: str = "dsv4serve worker") -> argparse.ArgumentPars
     _add_topology(p)
     _add_host_ranks(p)
     _add_lengths(p)
+    _add_sequence_limit(p)
     _add_worker_memory(p)
     _add_npu_only(p)
     _add_ops(p, grpc_server=True)
@@ -186,6 +192,7 @@ def build_scheduler_parser(prog: str = "dsv4serve scheduler") -> argparse.Argume
     p.add_argument("--workers", type=address_list, metavar="ADDRS", default=(f"{LOCAL_HOST}:{DEFAULT_WORKER_PORT}",),
                    help=f"worker addresses host:port,… (default {LOCAL_HOST}:{DEFAULT_WORKER_PORT})")
     _add_lengths(p)
+    _add_sequence_limit(p)
     _add_scheduling(p)
     _add_backpressure(p)
     _add_generate_defaults(p)
@@ -215,6 +222,7 @@ def build_stack_parser(prog: str = "dsv4serve stack") -> argparse.ArgumentParser
     _add_model(p, served_name=True)
     _add_topology(p)
     _add_lengths(p)
+    _add_sequence_limit(p)
     _add_scheduling(p)
     _add_backpressure(p)
     _add_generate_defaults(p)

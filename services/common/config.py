@@ -120,6 +120,9 @@ class WorkerConfig:
     block_size: int = 32
     max_model_len: int = 16384
     max_num_batched_tokens: int = 8192
+    # Running sequences per partition at most: a DSpark drafter's per-sequence windows for this
+    # many are taken from kv_cache_memory_bytes (the scheduler runs no more, see Describe).
+    max_num_seqs: int = 8
     # Number of blocks per block group per partition; None: derived from kv_cache_memory_bytes.
     num_blocks: Optional[int] = None
     kv_cache_memory_bytes: int = 1 << 30

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from services.worker.model.config import ModelConfig
-from services.worker.model.tiny_checkpoint import FLASH_CONFIG
+from services.worker.model.tiny_presets import FLASH_CONFIG
 
 DEMO_OVERRIDES: dict = {
     "hidden_size": 256, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 0, 0],

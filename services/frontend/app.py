@@ -30,8 +30,9 @@ from services.frontend.openai_request import (parse_chat_request, parse_completi
                                               parse_detokenize_request, parse_tokenize_request)
 from services.frontend.openapi import openapi_document
 from services.frontend.request_body import decode_json_object, read_body
-from services.frontend.responses import ResponseHeader, error_body, new_response_id
-from services.frontend.scheduler_client import RequestTimedOut, SchedulerClient, SchedulerError
+from services.frontend.response_bodies import ResponseHeader, error_body, new_response_id
+from services.frontend.scheduler_client import SchedulerClient
+from services.frontend.scheduler_errors import RequestTimedOut, SchedulerError
 from services.frontend.metrics import CONTENT_TYPE
 from services.frontend.serving import RequestIdMiddleware
 from services.frontend.tokenizer import Dsv4Tokenizer

@@ -14,7 +14,7 @@ from typing import Iterable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.frontend.responses import error_body
+from services.frontend.response_bodies import error_body
 
 UNAUTHORIZED = error_body("Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                           "invalid_request_error", None, "invalid_api_key")

@@ -3,7 +3,8 @@
 Rules: `shared/conformance/dsml-parse/README.md` (the official parser plus the suite's ★ changes) and
 `shared/spec/dsv4-chat-format.md`. Parameter values are typed by the declared schema when known,
 by the `string="true|false"` flag otherwise (`dsml_schema.py`). The state machine lives in
-`dsml_stream.py`; the non-streaming parse runs the same machine over the whole text.
+`dsml_stream.py` (and its tool-call block in `dsml_block.py`); the non-streaming parse runs the same
+machine over the whole text.
 """
 from __future__ import annotations
 

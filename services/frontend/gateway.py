@@ -19,9 +19,12 @@ from services.frontend.dsv4_tokens import BOS
 from services.frontend.errors import RequestError
 from services.frontend.metrics import FrontendMetrics, RequestTimer
 from services.frontend.openai_request import GenerationParams, RequestLimits
-from services.frontend.responses import AdmittedGeneration, ResponseHeader
-from services.frontend.scheduler_client import (GenerationSpec, GenerationStream, ModelInfo,
-                                                SchedulerClient, SchedulerError)
+from services.frontend.response_bodies import ResponseHeader
+from services.frontend.responses import AdmittedGeneration
+from services.frontend.generation_stream import GenerationStream
+from services.frontend.scheduler_client import SchedulerClient
+from services.frontend.scheduler_errors import SchedulerError
+from services.frontend.scheduler_values import GenerationSpec, ModelInfo
 from services.frontend.stop_strings import StoppingDecoder
 from services.frontend.tokenizer import Dsv4Tokenizer
 

@@ -17,7 +17,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from services.frontend.scheduler_client import PartitionStats, SchedulerSnapshot
+from services.frontend.scheduler_values import PartitionStats, SchedulerSnapshot
 
 # `_created` samples would double every counter and histogram without telling an operator anything.
 prometheus_client.disable_created_metrics()

@@ -98,8 +98,11 @@ class WorkerSet:
         first = self._connections[0].description
         partitions = sorted({p for c in self._connections for p in c.description.partition_ids})
         budget = min(c.description.max_num_batched_tokens for c in self._connections)
+        seq_bounds = [c.description.max_num_seqs for c in self._connections
+                      if c.description.max_num_seqs]
         self.description = replace(first, partition_ids=tuple(partitions),
-                                   max_num_batched_tokens=budget)
+                                   max_num_batched_tokens=budget,
+                                   max_num_seqs=min(seq_bounds, default=0))
         for connection in self._connections:
             connection.open_stream()
         self.ready = True

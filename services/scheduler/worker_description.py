@@ -34,3 +34,5 @@ class WorkerDescription:
     # The round of the world its ranks joined (0: loaded, not joined; see worker.proto).
     world_round: int = 1
     compute_dtype: str = "float32"  # "float32" or "bfloat16": part of what a cached block holds
+    # Running sequences per partition the worker sized its per-sequence drafter state for; 0: none.
+    max_num_seqs: int = 0

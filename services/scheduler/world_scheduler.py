@@ -17,7 +17,8 @@ def scheduler_for_world(config: SchedulerConfig, description: WorkerDescription,
     kv = KvCacheManager(description.block_size,
                         {pid: description.block_groups for pid in description.partition_ids})
     limits = SchedulingLimits(
-        max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        max_num_seqs=min(config.max_num_seqs, description.max_num_seqs or config.max_num_seqs),
         max_num_batched_tokens=min(config.max_num_batched_tokens,
                                    description.max_num_batched_tokens),
         long_prefill_token_threshold=config.long_prefill_token_threshold,

@@ -24,8 +24,9 @@ from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
 from services.worker.step_stream import LastSampled, StepInbox
-from services.worker.ranks import (ModelRuntimeFactory, RankGroup, RankGroupError,
-                                   RuntimeFactory, rank_specs, store_address)
+from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank_specs,
+                                       store_address)
+from services.worker.ranks import RankGroup, RankGroupError
 
 _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -50,7 +51,8 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
                                                rows_per_block=family.rows_per_block,
                                                bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
-        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype)
+        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype,
+        max_num_seqs=facts.max_num_seqs)
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

@@ -1,41 +1,14 @@
 """Operators' flags → config objects: the guide's command line works, mistakes name their flag."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
 
-from services.common import cli_args, cli_argv
+from services.common import cli_args
 from services.common.config import GenerateDefaults, SpeculativeConfig
-
-MODEL = Path("/models/dsv4-flash-dspark-w8a8")
-DSPARK_K7 = '{"method":"dspark","num_speculative_tokens":7}'
-
-# The deployment guide's command line, minus the program name (NPU-only flags included).
-GUIDE_ARGV = [
-    "--model", str(MODEL), "--served-model-name", "dsv4-flash-dspark-w8a8",
-    "--backend", "cuda", "--platform", "a2a3",
-    "--devices", "0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
-    "--dp", "4", "--ep", "16", "--tp", "4", "--block-size", "32",
-    "--max-model-len", "16384", "--max-num-seqs", "8", "--max-num-batched-tokens", "8192",
-    "--long-prefill-token-threshold", "128", "--speculative-config", DSPARK_K7,
-    "--enable-prefix-caching", "--ring-heap", "2147483648,2147483648,4294967296,8589934592",
-    "--generate-config", '{"max_new_tokens":2048,"temperature":0}',
-    "--host", "127.0.0.1", "--port", "8000",
-]
-
-
-def no_default_model() -> Path:
-    raise AssertionError("the default model must not be resolved when --model is given or flags are bad")
-
-
-def parse_error(capsys: pytest.CaptureFixture[str], parse, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exc:
-        parse(argv, environ={}, default_model_dir=no_default_model)
-    assert exc.value.code == 2
-    return capsys.readouterr().err
+from tests.common.cli_helpers import DSPARK_K7, GUIDE_ARGV, MODEL, no_default_model, parse_error
 
 
 class TestGuideCommandLine:
@@ -50,6 +23,7 @@ class TestGuideCommandLine:
         assert stack.scheduler.served_model_name == "dsv4-flash-dspark-w8a8"
         assert stack.frontend.served_model_name == "dsv4-flash-dspark-w8a8"
         assert (stack.scheduler.max_num_seqs, stack.scheduler.max_num_batched_tokens) == (8, 8192)
+        assert stack.worker.max_num_seqs == 8  # a DSpark worker sizes its windows for as many
         assert stack.scheduler.long_prefill_token_threshold == 128
         assert stack.scheduler.enable_prefix_caching is True
         assert stack.frontend.generate_defaults == GenerateDefaults(max_new_tokens=2048, temperature=0.0)
@@ -203,56 +177,6 @@ class TestDefaults:
         assert worker.kv_cache_memory_bytes == expected
 
 
-class TestChildArgvRoundTrip:
-    """The launcher starts its children with `*_argv(config)`; they must rebuild the same config."""
-
-    def test_every_service_rebuilds_its_config(self) -> None:
-        argv = GUIDE_ARGV + ["--num-blocks", "512", "--dtype", "bfloat16", "--no-enable-prefix-caching",
-                             "--no-async-scheduling", "--preempt-constrained", "replay"]
-        stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
-        kw = dict(environ={}, default_model_dir=no_default_model)
-
-        assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
-        assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
-        assert cli_args.parse_frontend_args(cli_argv.frontend_argv(stack.frontend), **kw) == stack.frontend
-
-    def test_frontend_bounds_and_key_round_trip_with_the_key_in_the_environment(self) -> None:
-        argv = ["--model", str(MODEL), "--api-key", "sk-1", "--auth-exempt-paths", "",
-                "--max-request-body-bytes", "1MiB", "--max-json-depth", "40", "--max-tools", "8",
-                "--max-schema-depth", "6", "--max-schema-nodes", "100", "--max-schema-properties", "50",
-                "--max-enum-values", "20", "--max-schema-length", "999", "--max-grammar-bytes", "64KiB"]
-        stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
-        frontend_argv = cli_argv.frontend_argv(stack.frontend)
-
-        assert "sk-1" not in frontend_argv
-        rebuilt = cli_args.parse_frontend_args(frontend_argv, environ=cli_argv.frontend_env(stack.frontend),
-                                               default_model_dir=no_default_model)
-        assert rebuilt == stack.frontend
-        assert stack.frontend.auth_exempt_paths == ()
-        assert (stack.frontend.bounds.max_request_body_bytes, stack.frontend.bounds.schema.max_grammar_bytes) \
-            == (1 << 20, 64 << 10)
-
-    def test_api_key_flag_wins_over_the_environment(self) -> None:
-        env = {"DSV4SERVE_API_KEY": "from-env"}
-        kw = dict(environ=env, default_model_dir=no_default_model)
-        assert cli_args.parse_frontend_args(["--model", str(MODEL)], **kw).api_key == "from-env"
-        assert cli_args.parse_frontend_args(["--model", str(MODEL), "--api-key", "flag"], **kw).api_key == "flag"
-        assert cli_args.parse_frontend_args(["--model", str(MODEL)], environ={},
-                                            default_model_dir=no_default_model).api_key is None
-
-    def test_the_key_is_never_printed(self) -> None:
-        frontend = cli_args.parse_frontend_args(["--model", str(MODEL), "--api-key", "sk-secret"],
-                                                environ={}, default_model_dir=no_default_model)
-        assert "sk-secret" not in repr(frontend)
-
-    def test_defaults_round_trip(self) -> None:
-        stack = cli_args.parse_stack_args(["--model", str(MODEL)], environ={}, default_model_dir=no_default_model)
-        kw = dict(environ={}, default_model_dir=no_default_model)
-
-        assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
-        assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
-
-
 def test_speculation_and_prefix_caching_flags_warn_nothing(caplog) -> None:
     """Both are implemented: accepting them says nothing."""
     from services.common.cli_args import parse_scheduler_args
@@ -262,102 +186,3 @@ def test_speculation_and_prefix_caching_flags_warn_nothing(caplog) -> None:
                               '{"method":"dspark","num_speculative_tokens":7}'])
     assert "--enable-prefix-caching" not in caplog.text
     assert "--speculative-config" not in caplog.text
-
-
-class TestOpsFlags:
-    """TLS, back-pressure, timeouts, graceful stop and log format: validated, and passed down."""
-
-    def test_certificate_without_its_key_names_both_flags(self, capsys, tmp_path: Path) -> None:
-        (tmp_path / "c.pem").write_text("x")
-        err = parse_error(capsys, cli_args.parse_scheduler_args,
-                          ["--model", str(MODEL), "--tls-cert", str(tmp_path / "c.pem")])
-        assert "--tls-cert and --tls-key go together" in err
-
-    def test_missing_certificate_file_names_the_flag(self, capsys, tmp_path: Path) -> None:
-        err = parse_error(capsys, cli_args.parse_frontend_args,
-                          ["--model", str(MODEL), "--tls-ca", str(tmp_path / "nope.pem")])
-        assert "--tls-ca" in err and "no such file" in err
-
-    def test_a_grpc_server_with_a_ca_needs_its_own_certificate(self, capsys, tmp_path: Path) -> None:
-        (tmp_path / "ca.pem").write_text("x")
-        err = parse_error(capsys, cli_args.parse_worker_args,
-                          ["--model", str(MODEL), "--tls-ca", str(tmp_path / "ca.pem")])
-        assert "--tls-ca" in err and "--tls-cert" in err
-
-    def test_every_ops_flag_reaches_each_child(self, tmp_path: Path) -> None:
-        for name in ("c.pem", "k.pem", "ca.pem"):
-            (tmp_path / name).write_text("x")
-        argv = ["--model", str(MODEL), "--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem"),
-                "--tls-ca", str(tmp_path / "ca.pem"), "--no-grpc-reflection", "--max-waiting-requests", "32",
-                "--request-timeout-s", "2.5", "--shutdown-grace-s", "3", "--log-format", "json",
-                "--restart-on-failure"]
-        stack = cli_args.parse_stack_args(argv, environ={}, default_model_dir=no_default_model)
-        kw = dict(environ={}, default_model_dir=no_default_model)
-
-        assert stack.restart_on_failure and stack.scheduler.max_waiting_requests == 32
-        assert stack.frontend.request_timeout_s == 2.5
-        for cfg in (stack.worker, stack.scheduler, stack.frontend):
-            assert cfg.ops.tls.ca_file == tmp_path / "ca.pem" and cfg.ops.log_format == "json"
-            assert cfg.ops.shutdown_grace_s == 3.0
-        assert not stack.worker.ops.grpc_reflection and not stack.scheduler.ops.grpc_reflection
-        assert cli_args.parse_worker_args(cli_argv.worker_argv(stack.worker), **kw) == stack.worker
-        assert cli_args.parse_scheduler_args(cli_argv.scheduler_argv(stack.scheduler), **kw) == stack.scheduler
-        assert cli_args.parse_frontend_args(cli_argv.frontend_argv(stack.frontend), **kw) == stack.frontend
-
-
-def test_the_secure_compose_override_uses_only_flags_the_services_know() -> None:
-    """docker/docker-compose.secure.yml's commands parse with the services' own parsers."""
-    import re
-
-    import yaml
-
-    from services.common import cli_flags
-
-    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker" / "docker-compose.secure.yml").read_text())
-    parsers = {"worker": cli_flags.build_worker_parser(), "scheduler": cli_flags.build_scheduler_parser(),
-               "frontend": cli_flags.build_frontend_parser()}
-    for name, service in compose["services"].items():
-        command = [re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", part) for part in service["command"]]
-        assert command[:2] == ["dsv4serve", name]
-        args = parsers[name].parse_args(command[2:])
-        assert args.tls_ca == Path("/certs/ca.pem") and args.log_format == "json"
-        assert f"/certs/{name}.pem:ro" in " ".join(service["volumes"])
-
-
-class TestTopologyAgainstTheModel:
-    @pytest.fixture(scope="class")
-    @classmethod
-    def ep16_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        from services.worker.model.tiny_checkpoint import preset_config
-
-        out = tmp_path_factory.mktemp("ep16-config")
-        (out / "config.json").write_text(json.dumps(preset_config("tiny-ep16")))
-        return out
-
-    @pytest.mark.parametrize("argv, message", [
-        (["--tp", "3"], "--tp 3 does not divide the model's num_attention_heads (8)"),
-        (["--tp", "8"], "--tp 8 does not divide the model's o_groups (4)"),
-        (["--dp", "3", "--ep", "3"], "--ep 3 does not divide the model's n_routed_experts (16)"),
-    ])
-    def test_a_split_the_model_does_not_allow_names_flag_and_field(
-            self, capsys: pytest.CaptureFixture[str], ep16_dir: Path, argv: list[str],
-            message: str) -> None:
-        err = parse_error(capsys, cli_args.parse_worker_args, ["--model", str(ep16_dir), *argv])
-        assert message in err
-
-    def test_the_guide_topology_fits_the_ep16_preset(self, ep16_dir: Path) -> None:
-        worker = cli_args.parse_worker_args(
-            ["--model", str(ep16_dir), "--dp", "4", "--tp", "4", "--ep", "16", "--ranks", "8-15",
-             "--dist-init-addr", "10.0.0.1:29500"], environ={}, default_model_dir=no_default_model)
-        assert worker.driven_ranks == tuple(range(8, 16)) and not worker.drives_whole_world
-
-    @pytest.mark.parametrize("argv, message", [
-        (["--ranks", "8-16", "--dist-init-addr", "h:1"], "--ranks lists rank 16"),
-        (["--ranks", "0-7"], "--dist-init-addr HOST:PORT must name the rendezvous"),
-    ])
-    def test_ranks_outside_the_world_or_without_a_rendezvous_are_refused(
-            self, capsys: pytest.CaptureFixture[str], ep16_dir: Path, argv: list[str],
-            message: str) -> None:
-        err = parse_error(capsys, cli_args.parse_worker_args,
-                          ["--model", str(ep16_dir), "--dp", "4", "--tp", "4", "--ep", "16", *argv])
-        assert message in err

@@ -15,7 +15,7 @@ from services.demo.params import DemoParameters, hash_routing_table, model_tenso
 from services.demo.vocab import tie_structure
 from services.worker.model.checkpoint import CheckpointReader, expected_tensors
 from services.worker.model.config import ModelConfig
-from services.worker.model.tiny_checkpoint import preset_config
+from services.worker.model.tiny_presets import preset_config
 
 
 def test_quantization_aware_training_sees_exactly_the_exported_weights(tmp_path: Path) -> None:

@@ -46,6 +46,8 @@ class FakeWorkerSpec:
     num_window_blocks: int = 64
     sliding_window: int = 8
     max_num_batched_tokens: int = 8192
+    # Running sequences per partition it sized per-sequence state for (0: no bound).
+    max_num_seqs: int = 0
     # A second windowed group, like the real worker's compressor rows (0: none).
     state_window: int = 12
     abi_version: int = ABI_VERSION
@@ -108,7 +110,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 name=name, sliding_window=window,
                 num_blocks=s.num_blocks if name == "compressed" else s.num_window_blocks)
                 for name, window in self.windows.items()],
-            max_num_batched_tokens=s.max_num_batched_tokens, compute_dtype="float32")
+            max_num_batched_tokens=s.max_num_batched_tokens, compute_dtype="float32",
+            max_num_seqs=s.max_num_seqs)
 
     async def JoinWorld(self, request, context):
         self.world_round = request.round

@@ -79,6 +79,24 @@ def test_sixteen_concurrent_requests_equal_each_alone():
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("described_bound, most_running", [(2, 2), (0, 5)])
+def test_runs_no_more_sequences_than_the_worker_sized_its_drafter_state_for(described_bound,
+                                                                            most_running):
+    """A DSpark worker takes its per-sequence windows for --max-num-seqs from its cache memory
+    and describes that bound: the scheduler's own (larger) --max-num-seqs yields to it."""
+    prompts = [[i + 2, i + 3, i + 4] for i in range(5)]
+
+    async def scenario():
+        spec = FakeWorkerSpec(max_num_seqs=described_bound)
+        async with running_stack((spec,), max_num_seqs=8) as stack:
+            outputs = await asyncio.gather(*(stack.generate(f"r{i}", p, 6)
+                                             for i, p in enumerate(prompts)))
+            assert [tokens_of(m) for m in outputs] == [reference_output(p, 6) for p in prompts]
+            steps = stack.workers[0].worker.step_requests
+            assert max(len(step.rows) for step in steps) == most_running
+    asyncio.run(scenario())
+
+
 def test_two_workers_each_get_only_their_partitions_rows():
     prompts = [[i + 2, i + 3, i + 4] for i in range(8)]
 

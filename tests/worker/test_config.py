@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.model.config import ConfigError, ModelConfig
-from services.worker.model.tiny_checkpoint import FLASH_CONFIG, preset_config
+from services.worker.model.config import ModelConfig
+from services.worker.model.config_fields import ConfigError
+from services.worker.model.tiny_presets import FLASH_CONFIG, preset_config
 
 
 def flash() -> dict:

@@ -11,11 +11,13 @@ from safetensors import safe_open
 from services.worker.model.checkpoint import CheckpointError
 from services.worker.model.checkpoint_specs import expected_tensors
 from services.worker.model.collectives import LocalCollectives
-from services.worker.model.config import ConfigError, ModelConfig
+from services.worker.model.config import ModelConfig
+from services.worker.model.config_fields import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
-from services.worker.model.dspark import DSparkDrafter
+from services.worker.model.dspark import DSparkDrafter, window_bytes
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
-from services.worker.model.tiny_checkpoint import preset_config, write_tiny_checkpoint
+from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
+from services.worker.model.tiny_presets import preset_config
 from tests.worker import dspark_reference
 from tests.worker.dspark_ranks import draft_on_layout
 
@@ -226,6 +228,7 @@ def test_state_is_bounded_by_the_window_and_freed_by_release(runtime: ModelRunti
         held = drafter.context_positions(7)
         assert len(held) == min(window, start + 6, len(ids)) and held.stop == min(start + 6,
                                                                                   len(ids))
+    assert drafter.held_bytes == window_bytes(runtime.config, torch.float32)  # the most held
     drafter.observe(8, 0, taps[0][:3])
     assert drafter.live_sequences == 2
     drafter.release(7)

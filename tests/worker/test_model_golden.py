@@ -41,8 +41,9 @@ def checkpoint_drift(model_dir: Path) -> list[str]:
             != record[f"{name}.sha256"]]
 
 
-DRIFT = ("generator drift: services/worker/model/tiny_checkpoint.py no longer writes the "
-         "conformance tiny-a checkpoint ({}), so the reference golden does not apply to it")
+DRIFT = ("generator drift: services/worker/model/tiny_checkpoint.py (tiny_draw.py, "
+         "tiny_presets.py) no longer writes the conformance tiny-a checkpoint ({}), so the "
+         "reference golden does not apply to it")
 
 
 @pytest.fixture(scope="module")

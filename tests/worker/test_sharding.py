@@ -11,7 +11,8 @@ from services.worker.model.checkpoint import CheckpointReader
 from services.worker.model.config import ModelConfig
 from services.worker.model.parallel import ParallelLayout, TopologyError, check_topology
 from services.worker.model.sharding import rank_selection
-from services.worker.model.tiny_checkpoint import preset_config, write_tiny_checkpoint
+from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
+from services.worker.model.tiny_presets import preset_config
 
 
 @pytest.fixture(scope="module")

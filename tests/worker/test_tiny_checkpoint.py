@@ -16,12 +16,8 @@ from services.worker.model.checkpoint import (
 )
 from services.worker.model.checkpoint_fingerprint import checkpoint_fingerprint
 from services.worker.model.config import ModelConfig
-from services.worker.model.tiny_checkpoint import (
-    default_model_dir,
-    main,
-    preset_config,
-    write_tiny_checkpoint,
-)
+from services.worker.model.tiny_checkpoint import default_model_dir, main, write_tiny_checkpoint
+from services.worker.model.tiny_presets import preset_config
 
 
 def file_sha256(path: Path) -> str:

@@ -3,6 +3,7 @@ fingerprint."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +11,10 @@ import torch
 from services.common.config import SpeculativeConfig, TopologyConfig, WorkerConfig
 from services.worker.capacity import describe_model
 from services.worker.model.config import ModelConfig
+from services.worker.model.dspark import window_bytes
 from services.worker.model.kv_cache import PagedKvCache
 from services.worker.model.runtime import ModelRuntime
+from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
 
 FAMILIES = {"ori", "cmp_c4", "cmp_c128", "idx", "csa_state", "csa_inner_state", "hca_state"}
 
@@ -50,6 +53,30 @@ def test_mtp_speculation_counts_its_paged_cache_in_the_memory_budget(tiny_model_
     facts = describe_model(WorkerConfig(model_dir=tiny_model_dir, kv_cache_memory_bytes=budget,
                                         speculative=SpeculativeConfig("mtp", 3)))
     assert drafter > 0 and facts.num_blocks_per_group == 100
+
+
+@pytest.fixture(scope="module")
+def dspark_dir(tmp_path_factory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-dspark"), "tiny-dspark", seed=1)
+
+
+def test_dspark_windows_of_max_num_seqs_sequences_come_out_of_the_memory_budget(dspark_dir):
+    """Every running sequence holds each draft stage's main KV of `sliding_window` positions
+    outside the blocks: the budget left for blocks is smaller by exactly that × --max-num-seqs."""
+    model = ModelConfig.from_json_file(dspark_dir / "config.json")
+    per_block = ModelRuntime.block_bytes(model, 32, torch.float32).all_groups_block_bytes
+    window = model.num_mtp_layers * model.sliding_window * model.head_dim * 4
+    budget = 100 * per_block + 5 * window
+    plain = WorkerConfig(model_dir=dspark_dir, kv_cache_memory_bytes=budget, max_num_seqs=5)
+    dspark = dataclasses.replace(plain, speculative=SpeculativeConfig("dspark", 3))
+    assert window_bytes(model, torch.float32) == window
+    assert describe_model(plain).num_blocks_per_group == 100 + 5 * window // per_block
+    assert (describe_model(dspark).num_blocks_per_group, describe_model(dspark).max_num_seqs) == (
+        100, 5)
+    fewer_blocks = dataclasses.replace(dspark, kv_cache_memory_bytes=budget - 1)
+    assert describe_model(fewer_blocks).num_blocks_per_group == 99
+    with pytest.raises(ValueError, match="holds no block after .* DSpark windows"):
+        describe_model(dataclasses.replace(dspark, kv_cache_memory_bytes=5 * window))
 
 
 def test_num_blocks_flag_wins_over_the_budget(tiny_model_dir):

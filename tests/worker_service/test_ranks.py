@@ -11,7 +11,8 @@ import pytest
 
 from services.common.config import TopologyConfig, WorkerConfig
 from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, StepPlan
-from services.worker.ranks import RankGroup, RankGroupError, rank_specs, store_address
+from services.worker.rank_plan import rank_specs, store_address
+from services.worker.ranks import RankGroup, RankGroupError
 from services.worker.server import serve
 from tests.worker_service.fake_runtime import FakeRuntimeFactory, fake_next_token
 

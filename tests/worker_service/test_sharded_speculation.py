@@ -20,7 +20,8 @@ from services.worker.executor import PartitionExecutor
 from services.worker.model.collectives import LocalCollectives
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig
 from services.worker.model.tiny_checkpoint import write_tiny_checkpoint
-from services.worker.ranks import ModelRuntimeFactory, RankGroup, rank_specs, store_address
+from services.worker.rank_plan import ModelRuntimeFactory, rank_specs, store_address
+from services.worker.ranks import RankGroup
 from tests.worker.chunked_runs import prefill_and_decode
 from tests.worker_service.speculative_script import Sequence, SpeculativeScript
 

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.ranks import RuntimeFactory
+from services.worker.rank_plan import RuntimeFactory
 from services.worker.server import RunningWorker, start_worker_server
 
 START_TIMEOUT_S = 120.0

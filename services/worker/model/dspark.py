@@ -17,10 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from services.worker.model.config import ConfigError
+from services.worker.model.config import ModelConfig
+from services.worker.model.config_fields import ConfigError
 from services.worker.model.drafter import Draft, DraftRequest
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
+
+
+def window_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """The most draft state one sequence holds: every stage's main KV of `sliding_window`
+    positions in the compute dtype (Flash in bf16: 3 × 128 × 512 × 2 B = 384 KiB)."""
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return config.num_mtp_layers * config.sliding_window * config.head_dim * element_size
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,11 @@ class DSparkDrafter:
     def live_sequences(self) -> int:
         """Sequences holding draft state (0 after every sequence was released)."""
         return len(self._windows)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of draft state held over every sequence (each at most `window_bytes`)."""
+        return sum(w.kv.numel() * w.kv.element_size() for w in self._windows.values())
 
     def context_positions(self, seq_id: int) -> range:
         """The positions whose main KV is held for `seq_id` (empty when none)."""

@@ -67,7 +67,7 @@ class BlockGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype", "world_round")
+    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype", "world_round", "max_num_seqs")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class DescribeResponse(_message.Message):
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     WORLD_ROUND_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     build_id: str
     model_fingerprint: str
@@ -94,7 +95,8 @@ class DescribeResponse(_message.Message):
     max_num_batched_tokens: int
     compute_dtype: str
     world_round: int
-    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ...) -> None: ...
+    max_num_seqs: int
+    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values", "request_id", "num_cached_tokens")
