@@ -199,7 +199,9 @@ class KvCacheManager:
         return blocks_for(num_tokens, self.block_size) - (seq.num_blocks if seq else 0)
 
     def can_allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> bool:
-        count = self.blocks_needed(seq_id, num_tokens)
+        seq = self._sequences.get(seq_id)
+        # Inlined blocks_needed: this runs per running request per step.
+        count = -(-num_tokens // self.block_size) - (seq.num_blocks if seq else 0)
         return count <= 0 or all(pool.can_allocate(count)
                                  for pool in self._pools[partition_id].values())
 
@@ -211,10 +213,11 @@ class KvCacheManager:
 
     def allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, list[int]]:
         """Extend the sequence's tables to cover [0, num_tokens); returns the new ids per group."""
-        if seq_id not in self._sequences:
+        seq = self._sequences.get(seq_id)
+        if seq is None:
             self.start(seq_id, partition_id, NO_PREFIX)
-        seq = self._sequences[seq_id]
-        count = self.blocks_needed(seq_id, num_tokens)
+            seq = self._sequences[seq_id]
+        count = -(-num_tokens // self.block_size) - seq.num_blocks  # blocks_needed, inlined
         if count <= 0:
             return {}
         new_ids: dict[str, list[int]] = {}
