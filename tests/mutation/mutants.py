@@ -73,10 +73,10 @@ def _booleans_to_empty(node):
 '''
 
 MUTANTS = (
-    Mutant("bitmask-bit-shift", "bitmask bit test shifted by one in _bit_is_set",
+    Mutant("bitmask-bit-shift", "bitmask bit test shifted by one in _refused",
            "services/worker/model/sampling.py",
-           (("return bool((word >> (token_id % 32)) & 1)",
-             "return bool((word >> (token_id % 32 + 1)) & 1)"),),
+           (("return ((word >> (tokens & 31)) & 1) == 0",
+             "return ((word >> ((tokens & 31) + 1)) & 1) == 0"),),
            SAMPLING_TESTS),
     Mutant("nested-bool-subschemas", "boolean sub-schemas of JSON parameters rewritten to {}",
            "services/frontend/constraints.py",
