@@ -55,4 +55,5 @@ def row_after(request: Request, in_flight: Optional[ScheduledRow]) -> NextRow:
     """Planning starts after the request's row in flight, if any."""
     if in_flight is None:
         return request.num_computed_tokens, False
-    return in_flight.end, token_wanted(in_flight, request)
+    end = in_flight.num_computed_tokens + in_flight.num_new_tokens
+    return end, in_flight.sample and end == request.num_tokens   # token_wanted, inlined

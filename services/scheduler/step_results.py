@@ -47,8 +47,9 @@ class StepResults:
                                            or accepted > len(row.draft_token_ids)):
                 self._fail_row(request, row, row_result)
                 continue
-            wanted = token_wanted(row, request)
             computed_before = request.num_computed_tokens
+            end = row.num_computed_tokens + row.num_new_tokens
+            wanted = row.sample and end == request.num_tokens   # token_wanted, inlined
             request.num_computed_tokens += row.num_new_tokens + accepted
             request.num_known_tokens += accepted  # the worker appended the accepted drafts
             if request.num_computed_tokens // block_size > computed_before // block_size:
