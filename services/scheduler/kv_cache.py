@@ -196,12 +196,11 @@ class KvCacheManager:
     def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
         """New blocks (in every group) for the sequence to cover positions [0, num_tokens)."""
         seq = self._sequences.get(seq_id)
-        return blocks_for(num_tokens, self.block_size) - (seq.num_blocks if seq else 0)
+        # blocks_for, inlined: this runs twice per running request per step.
+        return -(-num_tokens // self.block_size) - (seq.num_blocks if seq else 0)
 
     def can_allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> bool:
-        seq = self._sequences.get(seq_id)
-        # Inlined blocks_needed: this runs per running request per step.
-        count = -(-num_tokens // self.block_size) - (seq.num_blocks if seq else 0)
+        count = self.blocks_needed(seq_id, num_tokens)
         return count <= 0 or all(pool.can_allocate(count)
                                  for pool in self._pools[partition_id].values())
 
@@ -213,11 +212,10 @@ class KvCacheManager:
 
     def allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> dict[str, list[int]]:
         """Extend the sequence's tables to cover [0, num_tokens); returns the new ids per group."""
-        seq = self._sequences.get(seq_id)
-        if seq is None:
+        if seq_id not in self._sequences:
             self.start(seq_id, partition_id, NO_PREFIX)
-            seq = self._sequences[seq_id]
-        count = -(-num_tokens // self.block_size) - seq.num_blocks  # blocks_needed, inlined
+        seq = self._sequences[seq_id]
+        count = self.blocks_needed(seq_id, num_tokens)
         if count <= 0:
             return {}
         new_ids: dict[str, list[int]] = {}
