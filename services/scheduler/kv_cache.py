@@ -196,7 +196,8 @@ class KvCacheManager:
     def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
         """New blocks (in every group) for the sequence to cover positions [0, num_tokens)."""
         seq = self._sequences.get(seq_id)
-        return blocks_for(num_tokens, self.block_size) - (seq.num_blocks if seq else 0)
+        # blocks_for, inlined: this runs twice per running request per step.
+        return -(-num_tokens // self.block_size) - (seq.num_blocks if seq else 0)
 
     def can_allocate(self, seq_id: int, partition_id: int, num_tokens: int) -> bool:
         count = self.blocks_needed(seq_id, num_tokens)

@@ -59,8 +59,11 @@ class AdmittedEvent:
     max_tokens_capped: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokensEvent:
+    """Treated as immutable, but not frozen: one is built per running request per step, and a
+    frozen dataclass's __init__ takes twice as long (~0.5 µs against ~0.25 µs here)."""
+
     token_ids: tuple[int, ...]
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 
 from services.common.step_descriptors import ScheduledRow, StepPlan, TokenMask
 from services.scheduler.errors import ErrorKind
-from services.scheduler.in_flight import InFlightRows, NextRow, row_after
+from services.scheduler.in_flight import InFlightRows, row_after
 from services.scheduler.kv_cache import CachedPrefix, KvCacheManager
 from services.scheduler.limits import SchedulerCounters, SchedulingLimits
 from services.scheduler.memory_pressure import pick_victim, rebuild_matcher, stalled_victim
@@ -54,6 +54,7 @@ class Scheduler(StepResults):
         self._next_seq_id = 1
         self._next_step_id = 1
         self.in_flight = InFlightRows()  # planned steps not committed yet
+        self._speculation_on = limits.speculation.num_speculative_tokens > 0
 
     # ---- queue entry and exit -------------------------------------------------------------
     @property
@@ -127,16 +128,18 @@ class Scheduler(StepResults):
                 break
             if request.phase is not RequestPhase.RUNNING:
                 continue  # preempted by an earlier request of this loop
-            next_row = row_after(request, in_flight.get(request.seq_id))
-            wanted = self._num_new_tokens(request, budget, next_row)
+            start, placeholder = row_after(request, in_flight.get(request.seq_id))
+            wanted = self._num_new_tokens(request, budget, start, placeholder)
             if wanted == 0:
                 continue  # its token in flight ends it, or its rows in flight cover it
             self.kv.release_outside_window(request.seq_id, request.num_computed_tokens)
-            num_new = self._make_room(queues, request, wanted, scheduled, next_row.start)
+            num_new = wanted if self.kv.can_allocate(request.seq_id, request.partition_id,
+                                                     start + wanted) \
+                else self._make_room(queues, request, wanted, scheduled, start)
             if num_new == 0:
                 blocked.append(request)
                 continue
-            row = self._row_or_fail(request, next_row, num_new, budget)
+            row = self._row_or_fail(request, start, placeholder, num_new, budget)
             if row is None:
                 continue
             plan.rows.append(row)
@@ -147,13 +150,15 @@ class Scheduler(StepResults):
         self._track_stall(queues, blocked,
                           progressed=budget < self.limits.max_num_batched_tokens)
 
-    def _num_new_tokens(self, request: Request, budget: int, next_row: NextRow) -> int:
-        """Positions of the request's next row; 0 when a token in flight is sure to end it."""
-        total = next_row.total(request)
-        if next_row.placeholder and (total - len(request.prompt_token_ids) >= request.max_tokens
-                                     or total >= self.limits.max_model_len):
+    def _num_new_tokens(self, request: Request, budget: int, start: int,
+                        placeholder: bool) -> int:
+        """Positions of the request's next row from `start`; 0 when the token in flight before it
+        (`placeholder`) is sure to end it."""
+        total = request.num_tokens + placeholder
+        if placeholder and (total - len(request.prompt_token_ids) >= request.max_tokens
+                            or total >= self.limits.max_model_len):
             return 0
-        num_new = total - next_row.start
+        num_new = total - start
         threshold = self.limits.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
@@ -190,7 +195,7 @@ class Scheduler(StepResults):
             request = queues.waiting[0]
             prefix = self.prefix.lookup(request, pid)
             start = prefix.num_blocks * self.kv.block_size
-            wanted = self._num_new_tokens(request, budget, NextRow(start, False))
+            wanted = self._num_new_tokens(request, budget, start, False)
             num_new = self.kv.tokens_that_fit_start(pid, prefix, wanted)
             if num_new < wanted and queues.running:
                 break  # wait for room rather than start a chunk the running requests squeeze
@@ -238,19 +243,19 @@ class Scheduler(StepResults):
         self._by_seq[seq_id] = request
         queues.running.append(request)
 
-    def _row_or_fail(self, request: Request, next_row: NextRow, num_new: int,
+    def _row_or_fail(self, request: Request, start: int, placeholder: bool, num_new: int,
                      budget: int) -> Optional[ScheduledRow]:
         """A running request's row (with its draft window when speculating); None when the
         grammar raised (the request failed, the step goes on). A row after a token in flight gets
         its mask later (`follow_masks`)."""
-        end = next_row.start + num_new
-        if next_row.placeholder:
-            return scheduled_row(self.kv, request, num_new, None, start=next_row.start,
+        end = start + num_new
+        if placeholder:
+            return scheduled_row(self.kv, request, num_new, None, start=start,
                                  after_placeholder=True)
-        if not speculating(self.limits, request, end):
-            mask = self._mask_or_fail(request, end)
+        if not self._speculation_on or not speculating(self.limits, request, end):
+            mask = None if request.matcher is None else self._mask_or_fail(request, end)
             return None if mask is _FAILED else scheduled_row(self.kv, request, num_new, mask,
-                                                              start=next_row.start)
+                                                              start=start)
         try:
             return speculative_row(self.limits, self.kv, request, num_new, budget)
         except Exception as error:  # a grammar bug must not take the batch down

@@ -35,26 +35,36 @@ class StepResults:
         self.in_flight.settle(plan.step_id)
         self.counters.steps_total += 1
         by_seq = {r.seq_id: r for r in result.results}
+        # Publishing only when a row completes a block: every commit publishes what it filled.
+        block_size = self.prefix.kv.block_size
         for row in plan.rows:
             request = self._by_seq.get(row.seq_id)
             if request is None:
                 continue
             row_result = by_seq.get(row.seq_id)
-            if row_result is not None and row_result.error:
-                self.fail(request, ErrorKind.INTERNAL, f"worker failed the row of request "
-                                                       f"{request.request_id}: {row_result.error}")
-                continue
-            wanted = token_wanted(row, request)
             accepted = row_result.num_accepted_drafts if row_result is not None else 0
-            if accepted > len(row.draft_token_ids):
-                self.fail(request, ErrorKind.INTERNAL, f"worker accepted {accepted} of "
-                          f"{len(row.draft_token_ids)} drafts of request {request.request_id}")
+            if row_result is not None and (row_result.error
+                                           or accepted > len(row.draft_token_ids)):
+                self._fail_row(request, row, row_result)
                 continue
+            computed_before = request.num_computed_tokens
+            end = row.num_computed_tokens + row.num_new_tokens
+            wanted = row.sample and end == request.num_tokens   # token_wanted, inlined
             request.num_computed_tokens += row.num_new_tokens + accepted
             request.num_known_tokens += accepted  # the worker appended the accepted drafts
-            self.prefix.publish(request)  # the worker confirmed these positions
+            if request.num_computed_tokens // block_size > computed_before // block_size:
+                self.prefix.publish(request)  # the worker confirmed positions filling blocks
             if wanted:
                 self._commit_sample(request, row, row_result)
+
+    def _fail_row(self, request: Request, row: ScheduledRow, row_result: RowResult) -> None:
+        """The worker failed the row, or accepted more drafts than it had."""
+        if row_result.error:
+            message = f"worker failed the row of request {request.request_id}: {row_result.error}"
+        else:
+            message = (f"worker accepted {row_result.num_accepted_drafts} of "
+                       f"{len(row.draft_token_ids)} drafts of request {request.request_id}")
+        self.fail(request, ErrorKind.INTERNAL, message)
 
     def fail_step(self, plan: StepPlan, error: str) -> None:
         """The whole step failed on a worker: its requests fail."""

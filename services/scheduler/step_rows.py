@@ -30,23 +30,30 @@ def scheduled_row(kv: KvCacheManager, request: Request, num_new: int,
     request's next token is still in flight (in_flight.py): the worker feeds it, the mask follows."""
     start = request.num_computed_tokens if start is None else start
     num_tokens = request.num_tokens
-    total = num_tokens + after_placeholder
     seq_id = request.seq_id
-    kv.allocate(seq_id, request.partition_id, max(start + num_new, allocate_to))
+    end = start + num_new
+    kv.allocate(seq_id, request.partition_id, end if end >= allocate_to else allocate_to)
     unsent = kv.take_unsent(seq_id)
     blocks = tuple(GroupBlocks(group, first, tuple(ids))
                    for group, (first, ids) in unsent.items()) if unsent else ()
-    append = request.tokens_in_range(request.num_known_tokens, num_tokens)
+    known = request.num_known_tokens
+    append = tuple(request.tokens_in_range(known, num_tokens)) if known < num_tokens else ()
+    total = num_tokens + after_placeholder
     request.num_known_tokens = total
-    drafts = {} if window is NO_DRAFTS else dict(
-        draft_token_ids=tuple(window.token_ids),
-        draft_forced=tuple(window.forced) if window.num_forced else (),
-        draft_masks=tuple(window.masks[1:]))
     # Positional: this runs per running request per step (bench/bench_scheduler.py).
-    return ScheduledRow(seq_id, start, num_new, tuple(append), blocks, start + num_new == total,
-                        mask, request.partition_id, num_proposals=num_proposals,
-                        append_last_sampled=after_placeholder,
-                        mask_follows=after_placeholder and request.matcher is not None, **drafts)
+    drafts = _NO_DRAFT_FIELDS if window is NO_DRAFTS else _draft_fields(window)
+    return ScheduledRow(seq_id, start, num_new, append, blocks, end == total, mask,
+                        request.partition_id, *drafts, num_proposals, after_placeholder,
+                        after_placeholder and request.matcher is not None)
+
+
+def _draft_fields(window: DraftWindow) -> tuple[tuple, tuple, tuple]:
+    """A row's draft_token_ids, draft_forced and draft_masks."""
+    return (tuple(window.token_ids), tuple(window.forced) if window.num_forced else (),
+            tuple(window.masks[1:]))
+
+
+_NO_DRAFT_FIELDS: tuple[tuple, tuple, tuple] = ((), (), ())
 
 
 def grammar_mask(request: Request) -> TokenMask:

@@ -78,7 +78,8 @@ def _commit(request: Request, token_id: int, limits: StopLimits,
         request.output_token_ids.extend(forced)
         new_tokens += tuple(forced)
     request.emit(TokensEvent(new_tokens))
-    _note_grammar_state(request)
+    if matcher is not None:
+        _note_grammar_state(request)
     return _stop_after_tokens(request, limits)
 
 

@@ -11,8 +11,8 @@ import torch
 
 from services.common.step_descriptors import RowMask, ScheduledRow, StepMasks, TokenMask
 from services.worker.model.runtime import SequenceChunk, StepOutput
-from services.worker.model.sampling import NoAllowedToken, greedy_sample
-from services.worker.model.verification import sampled_offsets
+from services.worker.model.sampling import NO_ALLOWED_TOKEN, greedy_rows
+from services.worker.model.verification import PositionMask, sampled_offsets
 
 
 # Distinct refused-id sets whose bitmask words are kept (16 KB each at V = 129,280).
@@ -103,27 +103,34 @@ def check_drafts(row: ScheduledRow) -> None:
 def sample_late_rows(chunks: list[SequenceChunk], output: StepOutput, masks: StepMasks,
                      late_seq_ids: set[int], vocab_size: int) -> None:
     """Sample the chunks of `late_seq_ids` (they did not sample in the runtime; `output` has
-    their last position's logits) under the masks that followed."""
+    their last position's logits) under the masks that followed, in one batch."""
     late = masks.by_seq()
     output.errors = output.errors or [None] * len(chunks)
+    picked, position_masks = [], []
     for i, chunk in enumerate(chunks):
         if chunk.seq_id in late_seq_ids:
-            output.sampled[i], error = sample_with_late_mask(
-                chunk, output.logits[i], late.get(chunk.seq_id), vocab_size)
-            if error is not None:
-                output.errors[i] = error
+            try:
+                position_masks.append(_late_position_mask(chunk, late.get(chunk.seq_id),
+                                                          vocab_size))
+                picked.append(i)
+            except RowError as error:
+                output.sampled[i], output.errors[i] = None, str(error)
+    if not picked:
+        return
+    tokens = greedy_rows(torch.stack([output.logits[i] for i in picked]), position_masks,
+                         [chunks[i].logit_bias for i in picked])
+    for i, token in zip(picked, tokens):
+        output.sampled[i] = token
+        if token is None:
+            output.errors[i] = NO_ALLOWED_TOKEN
 
 
-def sample_with_late_mask(chunk: SequenceChunk, logits: torch.Tensor, late: Optional[RowMask],
-                          vocab_size: int) -> tuple[Optional[int], Optional[str]]:
-    """(token, error) of a `mask_follows` row once its mask came: greedy under the mask; a
-    discarded row samples unmasked (its answer is ignored)."""
+def _late_position_mask(chunk: SequenceChunk, late: Optional[RowMask],
+                        vocab_size: int) -> PositionMask:
+    """The mask a `mask_follows` row samples under once it came (a discarded row samples
+    unmasked: its answer is ignored); RowError when none came or it does not decode."""
     if late is None:
-        return None, f"no mask followed for sequence {chunk.seq_id}"
+        raise RowError(f"no mask followed for sequence {chunk.seq_id}")
     if late.discard or late.mask is None:
-        return greedy_sample(logits, None, None, chunk.logit_bias), None
-    try:
-        allowed, bitmask = decode_token_mask(late.mask, vocab_size)
-        return greedy_sample(logits, allowed, bitmask, chunk.logit_bias), None
-    except (RowError, NoAllowedToken) as error:
-        return None, str(error)
+        return None, None
+    return decode_token_mask(late.mask, vocab_size)

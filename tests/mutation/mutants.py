@@ -73,10 +73,10 @@ def _booleans_to_empty(node):
 '''
 
 MUTANTS = (
-    Mutant("bitmask-bit-shift", "bitmask bit test shifted by one in _bit_is_set",
+    Mutant("bitmask-bit-shift", "bitmask bit test shifted by one in _refused",
            "services/worker/model/sampling.py",
-           (("return bool((word >> (token_id % 32)) & 1)",
-             "return bool((word >> (token_id % 32 + 1)) & 1)"),),
+           (("return ((word >> (tokens & 31)) & 1) == 0",
+             "return ((word >> ((tokens & 31) + 1)) & 1) == 0"),),
            SAMPLING_TESTS),
     Mutant("nested-bool-subschemas", "boolean sub-schemas of JSON parameters rewritten to {}",
            "services/frontend/constraints.py",
@@ -105,9 +105,9 @@ MUTANTS = (
            MODEL_TESTS),
     Mutant("publish-unconfirmed", "blocks published when scheduled, before the worker confirmed them",
            "services/scheduler/step_rows.py",
-           (("    kv.allocate(request.seq_id, request.partition_id, start + num_new)\n",
-             "    kv.allocate(request.seq_id, request.partition_id, start + num_new)\n"
-             "    kv.publish(request.seq_id, request.block_hashes, start + num_new)\n"),),
+           (("    unsent = kv.take_unsent(seq_id)\n",
+             "    unsent = kv.take_unsent(seq_id)\n"
+             "    kv.publish(seq_id, request.block_hashes, end)\n"),),
            PREFIX_TESTS),
     Mutant("hash-ignores-parent", "a block's hash covers its own tokens only, not the prefix",
            "services/scheduler/prefix_cache.py",

@@ -17,7 +17,7 @@ import torch
 
 from services.common.step_descriptors import TokenMask
 from services.worker.row_masks import RowError, decode_token_mask
-from services.worker.model.sampling import NoAllowedToken, greedy_sample
+from services.worker.model.sampling import greedy_rows
 
 # Vocabulary sizes around word boundaries: one partial word, exact words, a partial last word.
 VOCAB_SIZES = (1, 5, 31, 32, 33, 63, 64, 65, 100, 129)
@@ -49,18 +49,16 @@ def words_of(mask_bytes: bytes) -> torch.Tensor:
 
 
 def sample(logits: list[float], allowed: Optional[set[int]], form: str,
-           bias: dict[int, float], junk_past_vocab: bool = False) -> int:
+           bias: dict[int, float], junk_past_vocab: bool = False) -> Optional[int]:
+    """One row sampled as a batch of one (None: its mask allows nothing)."""
     vocab = len(logits)
-    bias_arg = None
-    if bias:
-        bias_arg = (torch.tensor(list(bias), dtype=torch.int64),
-                    torch.tensor(list(bias.values()), dtype=torch.float32))
+    bias_arg = bias_tensors(bias)
     ids = words = None
     if allowed is not None and form in ("ids", "both"):
         ids = torch.tensor(sorted(allowed), dtype=torch.int64)
     if allowed is not None and form in ("bitmask", "both"):
         words = words_of(pack_bitmask(allowed, vocab, junk_past_vocab))
-    return greedy_sample(torch.tensor(logits, dtype=torch.float32), ids, words, bias_arg)
+    return greedy_rows(torch.tensor([logits], dtype=torch.float32), [(ids, words)], [bias_arg])[0]
 
 
 def random_case(rng: random.Random) -> tuple[list[float], set[int], dict[int, float]]:
@@ -81,10 +79,6 @@ def test_random_masks_choose_the_reference_argmax(form: str) -> None:
         logits, allowed, bias = random_case(rng)
         junk = form == "bitmask" and case % 2 == 0
         expected = reference_choice(logits, allowed, bias)
-        if expected is None:
-            with pytest.raises(NoAllowedToken):
-                sample(logits, allowed, form, bias, junk)
-            continue
         assert sample(logits, allowed, form, bias, junk) == expected, (logits, allowed, bias)
 
 
@@ -143,7 +137,7 @@ def test_every_mask_form_samples_the_reference_argmax(vocab: int) -> None:
                     decode_token_mask(mask, vocab)
                 continue
             ids, words = decode_token_mask(mask, vocab)
-            chosen = greedy_sample(torch.tensor(logits), ids, words)
+            chosen = greedy_rows(torch.tensor([logits]), [(ids, words)], [None])[0]
             assert chosen == reference_choice(logits, allowed, {})
 
 
@@ -153,4 +147,45 @@ def test_decoded_bitmask_keeps_bit_31_and_ignores_bits_past_the_vocabulary() -> 
     assert words.dtype == torch.int32 and words.tolist() == [-(1 << 31), -(1 << 7)]
     logits = torch.zeros(vocab)
     logits[39] = -1.0
-    assert greedy_sample(logits, None, words) == 31
+    assert greedy_rows(logits.unsqueeze(0), [(None, words)], [None]) == [31]
+
+
+@pytest.mark.parametrize("vocab", [65, 129])
+def test_one_batch_of_mixed_forms_and_densities_samples_every_row_like_the_reference(
+        vocab: int) -> None:
+    """Rows of one step in one batch: unconstrained, allowed ids, bitmask (winner allowed or
+    refused), refused ids, both forms at once, empty masks, biases; each row gets the reference
+    token of its own mask and bias (None where its mask allows nothing)."""
+    rng = random.Random(f"mixed-batch-{vocab}")
+    rows, expected = [], []
+    for _ in range(120):
+        logits = [rng.randint(-8, 8) / 4 for _ in range(vocab)]
+        allowed = {t for t in range(vocab) if rng.random() < rng.choice((0.0, 0.02, 0.5, 0.98))}
+        bias = {rng.randrange(vocab): rng.randint(-12, 12) / 4 for _ in range(rng.randint(0, 3))}
+        form = rng.choice(("none", "ids", "bitmask", "refused", "both"))
+        rows.append((logits, row_mask(allowed, form, vocab), bias_tensors(bias)))
+        expected.append(reference_choice(logits, set(range(vocab)) if form == "none" else allowed,
+                                         bias))
+    chosen = greedy_rows(torch.tensor([logits for logits, _, _ in rows]),
+                         [mask for _, mask, _ in rows], [bias for _, _, bias in rows])
+    assert chosen == expected
+
+
+def row_mask(allowed: set[int], form: str, vocab: int) -> tuple[Optional[torch.Tensor],
+                                                                 Optional[torch.Tensor]]:
+    """A row's (allowed ids, bitmask words) in `form`; refused ids decode as the worker does."""
+    if form == "none":
+        return None, None
+    if form == "refused" and len(allowed) < vocab and allowed:
+        refused = tuple(t for t in range(vocab) if t not in allowed)
+        return decode_token_mask(TokenMask(refused_token_ids=refused), vocab)
+    ids = torch.tensor(sorted(allowed), dtype=torch.int64)
+    words = words_of(pack_bitmask(allowed, vocab, junk_past_vocab=True))
+    return {"ids": (ids, None), "both": (ids, words)}.get(form, (None, words))
+
+
+def bias_tensors(bias: dict[int, float]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    if not bias:
+        return None
+    return (torch.tensor(list(bias), dtype=torch.int64),
+            torch.tensor(list(bias.values()), dtype=torch.float32))

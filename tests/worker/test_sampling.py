@@ -1,14 +1,15 @@
 """Greedy sampling: logit bias is added before the grammar mask; both mask layouts select the
-same tokens; a row whose mask allows nothing fails alone."""
+same tokens; a row whose mask allows nothing fails alone (in a batch: the others are sampled)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
-from services.worker.model.sampling import NoAllowedToken, greedy_sample, unpack_bitmask
+from services.worker.model.sampling import greedy_rows, unpack_bitmask
 
 VOCAB = 100
 
@@ -20,6 +21,15 @@ def bitmask_of(allowed: list[int], vocab: int = VOCAB) -> torch.Tensor:
         words[token // 32] |= 1 << (token % 32)
     # Two's complement: bit 31 set makes the int32 word negative.
     return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+def greedy_sample(logits: torch.Tensor, allowed_token_ids: Optional[torch.Tensor] = None,
+                  token_bitmask: Optional[torch.Tensor] = None,
+                  logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                  ) -> Optional[int]:
+    """One row sampled as a batch of one."""
+    return greedy_rows(logits.unsqueeze(0), [(allowed_token_ids, token_bitmask)],
+                       [logit_bias])[0]
 
 
 @pytest.fixture()
@@ -67,11 +77,11 @@ def test_bias_cannot_reenable_a_masked_token(logits: torch.Tensor) -> None:
     assert greedy_sample(logits, token_bitmask=bitmask_of([7, 63]), logit_bias=bias) == 63
 
 
-def test_mask_that_allows_nothing_is_an_error(logits: torch.Tensor) -> None:
-    with pytest.raises(NoAllowedToken):
-        greedy_sample(logits, token_bitmask=bitmask_of([]))
-    with pytest.raises(NoAllowedToken):
-        greedy_sample(logits, allowed_token_ids=torch.tensor([], dtype=torch.int64))
+def test_mask_that_allows_nothing_fails_only_its_row_of_the_batch(logits: torch.Tensor) -> None:
+    batch = torch.stack([logits] * 4)
+    masks = [(None, bitmask_of([])), (None, bitmask_of([7])),
+             (torch.tensor([], dtype=torch.int64), None), (torch.tensor([63]), None)]
+    assert greedy_rows(batch, masks, [None] * 4) == [None, 7, None, 63]
 
 
 def test_empty_mask_fails_only_its_own_row(tiny_model_dir: Path) -> None:

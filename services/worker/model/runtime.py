@@ -26,7 +26,7 @@ from services.worker.model.kv_cache import (FAMILY_GROUPS, BlockTables, PagedKvC
                                             block_group_windows, first_needed_block,
                                             rows_per_block)
 from services.worker.model.parallel import ParallelLayout, check_topology
-from services.worker.model.sampling import NoAllowedToken, greedy_sample
+from services.worker.model.sampling import NO_ALLOWED_TOKEN, NoAllowedToken, greedy_rows
 from services.worker.model.sharding import rank_selection
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.verification import PositionMask, sampled_offsets, verify
@@ -169,13 +169,14 @@ class ModelRuntime:
         n = len(chunks)
         out = StepOutput(sampled=[None] * n, logits=[None] * n, errors=[None] * n,
                          hidden=[None] * n, num_accepted=[0] * n, proposals=[[] for _ in chunks])
+        tokens = greedy_tokens(chunks, wanted, row_lists, logits)
         first = 0
         for i, rows in zip(wanted, row_lists):
-            chunk_logits, first = logits[first:first + len(rows)], first + len(rows)
             if return_logits:
-                out.logits[i] = chunk_logits[0]
+                out.logits[i] = logits[first]
+            first += len(rows)
             if chunks[i].sample:
-                self._sample(chunks[i], chunk_logits, i, out)
+                self._sample(chunks[i], tokens[i], i, out)
         if return_hidden:
             for i, rows in enumerate(batch.chunks):
                 out.hidden[i] = hidden[rows.rows]
@@ -189,19 +190,17 @@ class ModelRuntime:
             return [last_known]
         return [last_known + k for k in sampled_offsets(chunk.num_drafts, chunk.forced_flags)]
 
-    def _sample(self, chunk: SequenceChunk, logits: torch.Tensor, i: int, out: StepOutput
-                ) -> None:
-        """Greedy masked sampling (verification of the drafts, if any) of chunk `i`."""
+    def _sample(self, chunk: SequenceChunk, tokens: list[Optional[int]], i: int,
+                out: StepOutput) -> None:
+        """Chunk `i`'s token (verification of its drafts, if any) from the greedy `tokens` of its
+        sampled positions; a position whose mask allows nothing fails the chunk if reached."""
         offsets = sampled_offsets(chunk.num_drafts, chunk.forced_flags)
-        masks = [(chunk.allowed_token_ids, chunk.token_bitmask)] + (
-            list(chunk.draft_masks) or [(None, None)] * (len(offsets) - 1))
-        tokens: dict[int, int] = {}
 
         def sample_at(offset: int) -> int:
-            if offset not in tokens:
-                k = offsets.index(offset)
-                tokens[offset] = greedy_sample(logits[k], *masks[k], chunk.logit_bias)
-            return tokens[offset]
+            token = tokens[offsets.index(offset)]
+            if token is None:
+                raise NoAllowedToken(NO_ALLOWED_TOKEN)
+            return token
         try:
             verdict = verify(chunk.token_ids[chunk.num_known:], chunk.forced_flags, sample_at)
         except NoAllowedToken as exc:
@@ -262,3 +261,33 @@ class ModelRuntime:
                              if FAMILY_GROUPS[name] == group) for group in windows}
         return BlockCost(group_block_bytes=groups, family_block_bytes=families,
                          group_windows=windows)
+
+
+def greedy_tokens(chunks: list[SequenceChunk], wanted: list[int], row_lists: list[list[int]],
+                  logits: Optional[torch.Tensor]) -> dict[int, list[Optional[int]]]:
+    """The greedy token of every sampled position of the sampling chunks among `wanted` (their
+    rows of `logits` in order: `row_lists`), all in one batch; by chunk index."""
+    picked, masks, biases, counts = [], [], [], {}
+    first = 0
+    for i, rows in zip(wanted, row_lists):
+        if chunks[i].sample:
+            picked.extend(range(first, first + len(rows)))
+            masks.extend(position_masks(chunks[i], len(rows)))
+            biases.extend([chunks[i].logit_bias] * len(rows))
+            counts[i] = len(rows)
+        first += len(rows)
+    if not picked:
+        return {}
+    batch = logits if len(picked) == first else logits[torch.tensor(picked, device=logits.device)]
+    tokens = iter(greedy_rows(batch, masks, biases))
+    return {i: [next(tokens) for _ in range(count)] for i, count in counts.items()}
+
+
+def position_masks(chunk: SequenceChunk, num_sampled: int) -> list[PositionMask]:
+    """The masks of the chunk's `num_sampled` sampled positions: its own, then its drafts'."""
+    masks = [(chunk.allowed_token_ids, chunk.token_bitmask)]
+    masks += list(chunk.draft_masks) or [(None, None)] * (num_sampled - 1)
+    if len(masks) < num_sampled:
+        raise ValueError(f"sequence {chunk.seq_id}: {len(masks) - 1} draft masks for "
+                         f"{num_sampled - 1} sampled draft positions")
+    return masks[:num_sampled]
