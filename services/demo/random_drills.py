@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import random
 
-from services.demo.dialogs import Example, Scene
+from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator, Example, Scene, tool_json
 from services.demo.encode import SPACE, SceneEncoder, contains_run
+from services.demo.tools import CATALOG
 from services.demo.vocab import TrainedVocab
 
 REPEAT_PROMPTS = ("Repeat after me: {value}", "Please repeat this: {value}", "Echo: {value}",
@@ -46,14 +47,33 @@ class RandomDrills:
                                     {"role": "assistant", "content": value}, False, [value]))
         return Scene(None, [], examples)
 
+    def call_scene(self, index: int, count: int) -> Scene:
+        """A scene of `count` tool-call requests (2–5 declared tools) whose free-text argument
+        values are random strings: the copy of the drills, inside the call format."""
+        generator = DialogGenerator(self.seed, False, strings=self._string)
+        rng = random.Random(f"{self.seed}:random-call:{index}")
+        specs = rng.sample(CATALOG, rng.randint(2, 5))
+        tools = [tool_json(spec, rng, False) for spec in specs]
+        chosen = [rng.randrange(len(specs)) for _ in range(count)]
+        return Scene(rng.choice(SYSTEM_PROMPTS), tools,
+                     [generator.call_example(rng, specs[k], tools[k]) for k in chosen])
+
     def _request(self, rng: random.Random) -> tuple[str, str]:
         while True:
-            ids = [rng.choice(self.firsts)] + [rng.choice(self.pieces)
-                                                for _ in range(rng.randint(MIN_TOKENS, MAX_TOKENS) - 1)]
+            ids = self._ids(rng)
             value = self.encoder.tokenizer.decode(ids)[1:]
             user = rng.choice(REPEAT_PROMPTS).format(value=value)
             if contains_run(self.encoder.encode(user), ids):
                 return user, value
+
+    def _ids(self, rng: random.Random) -> list[int]:
+        return [rng.choice(self.firsts)] + [rng.choice(self.pieces)
+                                            for _ in range(rng.randint(MIN_TOKENS, MAX_TOKENS) - 1)]
+
+    def _string(self, rng: random.Random) -> str:
+        """A random string for a call's argument (a request template may tokenize it otherwise:
+        then its completion copies canonical tokens, encode.py)."""
+        return self.encoder.tokenizer.decode(self._ids(rng))[1:]
 
 
 def _word_like(text: str) -> bool:

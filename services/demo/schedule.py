@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 FIRST, COPY, INDUCTION = "first", "copy", "induction"
 # Settings a state saved by an older trainer lacks, with the values it ran under.
-LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0}
+LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0}
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,14 @@ class TrainSettings:
     # warm-up and cosine from `induction_learning_rate`.
     induction_steps: int = 300
     random_drills: int = 48
-    induction_solo_steps: int = 100
+    induction_solo_steps: int = 50
     mix_every: int = 2
     induction_learning_rate: float = 2e-3
     induction_warmup_steps: int = 10
+    # From step `random_calls_from` on, every step also learns a scene of `random_calls` tool
+    # calls whose free-text arguments are random strings (random_drills.RandomDrills.call_scene).
+    random_calls: int = 12
+    random_calls_from: int = 900
 
     @property
     def total_steps(self) -> int:
@@ -54,6 +58,10 @@ class TrainSettings:
         """Whether an induction-phase step also learns the copy phase's stream."""
         offset = index - self.steps - self.copy_steps
         return offset >= self.induction_solo_steps and offset % self.mix_every == 0
+
+    def random_calls_at(self, index: int) -> int:
+        """Random-string tool calls step `index` learns."""
+        return self.random_calls if index >= self.random_calls_from else 0
 
     def learning_rate_at(self, index: int) -> float:
         phase = self.phase(index)
@@ -79,6 +87,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     return (all(getattr(before, k) == getattr(current, k) for k in same)
             and all(before.phase(i) == current.phase(i)
                     and before.learning_rate_at(i) == current.learning_rate_at(i)
+                    and before.random_calls_at(i) == current.random_calls_at(i)
                     and (before.phase(i) != INDUCTION
                          or before.mixes_stream(i) == current.mixes_stream(i))
                     for i in range(steps_done)))

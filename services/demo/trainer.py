@@ -93,6 +93,8 @@ class Trainer:
         phase = self.settings.phase(index)
         scenes = ([self.random_drills.scene(index, self.settings.random_drills)]
                   if phase == INDUCTION else [])
+        if self.settings.random_calls_at(index):
+            scenes.append(self.random_drills.call_scene(index, self.settings.random_calls_at(index)))
         if phase != INDUCTION or self.settings.mixes_stream(index):
             scenes += self.generator.training_scenes(
                 index, self.settings.examples_per_scene,

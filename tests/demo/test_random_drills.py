@@ -59,4 +59,4 @@ def test_a_copy_phase_state_continues_into_the_induction_phase_on_its_own_schedu
     assert not continues(saved, current, 776)
     assert not continues({**saved, "long_drills": 8}, current, 775)
     mixed = [i for i in range(775, 1075) if current.mixes_stream(i)]
-    assert mixed[0] == 875 and len(mixed) == 100
+    assert mixed[0] == 825 and len(mixed) == 125
