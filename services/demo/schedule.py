@@ -23,25 +23,27 @@ class TrainSettings:
     # first `steps`), each with `long_drills` drills of values no list holds; key tokens (copied
     # values, the tool's name, the token closing a value) weigh `key_weight` in the loss; its own
     # warm-up and cosine from `copy_learning_rate`, over `copy_cosine_steps` (0: `copy_steps`;
-    # longer when the phase was cut short, as the committed model's was).
-    copy_steps: int = 375
+    # longer to cut a planned phase short and continue with the next on the same schedule).
+    copy_steps: int = 600
     long_drills: int = 24
     key_weight: float = 3.0
     copy_learning_rate: float = 1e-3
     copy_warmup_steps: int = 20
-    copy_cosine_steps: int = 600
+    copy_cosine_steps: int = 0
     # The induction phase after it: every step `random_drills` drills of random token strings
     # (random_drills.py); from its `induction_solo_steps`-th step on, every `mix_every`-th step
     # also learns the copy phase's stream (tool choice and the call format stay learnt). Its own
-    # warm-up and cosine from `induction_learning_rate`.
-    induction_steps: int = 300
+    # warm-up and cosine from `induction_learning_rate`. Off by default: the one run that tried it
+    # (docs/demo-model.md) copied random strings but not held-out arguments.
+    induction_steps: int = 0
     random_drills: int = 48
     induction_solo_steps: int = 50
     mix_every: int = 2
     induction_learning_rate: float = 2e-3
     induction_warmup_steps: int = 10
-    # From step `random_calls_from` on, every step also learns a scene of `random_calls` tool
-    # calls whose free-text arguments are random strings (random_drills.RandomDrills.call_scene).
+    # From step `random_calls_from` on (absolute), every induction step also learns a scene of
+    # `random_calls` tool calls whose free-text arguments are random strings
+    # (random_drills.RandomDrills.call_scene).
     random_calls: int = 12
     random_calls_from: int = 900
 
@@ -60,8 +62,9 @@ class TrainSettings:
         return offset >= self.induction_solo_steps and offset % self.mix_every == 0
 
     def random_calls_at(self, index: int) -> int:
-        """Random-string tool calls step `index` learns."""
-        return self.random_calls if index >= self.random_calls_from else 0
+        """Random-string tool calls step `index` learns (induction phase only)."""
+        active = self.phase(index) == INDUCTION and index >= self.random_calls_from
+        return self.random_calls if active else 0
 
     def learning_rate_at(self, index: int) -> float:
         phase = self.phase(index)

@@ -36,6 +36,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="steps of the first phase (its scenes make the vocabulary)")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="steps of the copy phase after them (see TrainSettings)")
+    parser.add_argument("--copy-cosine-steps", type=int, default=defaults.copy_cosine_steps,
+                        help="length of the copy phase's cosine (0: --copy-steps)")
     parser.add_argument("--induction-steps", type=int, default=defaults.induction_steps,
                         help="steps of the induction phase after those (random-string drills)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -62,6 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.monotonic()
     settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
+                             copy_cosine_steps=args.copy_cosine_steps,
                              induction_steps=args.induction_steps,
                              examples_per_scene=args.examples_per_scene)
     trainer = Trainer(args.out_dir, settings)

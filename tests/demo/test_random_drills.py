@@ -47,8 +47,9 @@ def test_random_drills_are_a_pure_function_of_seed_split_and_index(drills: Rando
 
 
 def test_a_copy_phase_state_continues_into_the_induction_phase_on_its_own_schedule() -> None:
-    """The committed model's run: 375 of a 600-step copy phase (its cosine unchanged), then the
-    induction phase; a state whose steps ran on another schedule does not continue."""
+    """The induction run (docs/demo-model.md): a state of a 600-step copy phase at step 775
+    continues when that phase is cut at 375 steps with its cosine kept over 600; a state whose
+    steps ran on another schedule or other data does not."""
     saved = {k: v for k, v in vars(TrainSettings(copy_steps=600)).items()
              if k not in ("copy_cosine_steps", "induction_steps", "random_drills")}
     current = TrainSettings(copy_steps=375, copy_cosine_steps=600, induction_steps=300)
@@ -60,3 +61,5 @@ def test_a_copy_phase_state_continues_into_the_induction_phase_on_its_own_schedu
     assert not continues({**saved, "long_drills": 8}, current, 775)
     mixed = [i for i in range(775, 1075) if current.mixes_stream(i)]
     assert mixed[0] == 825 and len(mixed) == 125
+    assert [current.random_calls_at(i) for i in (899, 900)] == [0, current.random_calls]
+    assert TrainSettings().random_calls_at(950) == 0   # the default copy phase: no random calls
