@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from services.demo import values
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
@@ -71,10 +71,13 @@ class Scene:
 class DialogGenerator:
     """Scenes and examples of one split (training or held-out), seeded."""
 
-    def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3):
+    def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
+                 strings: Optional[Callable[[random.Random], str]] = None):
+        """`strings`, if given, draws every free-text argument value (in place of the lists)."""
         self.seed = seed
         self.held_out = held_out
         self.thinking_share = thinking_share
+        self.strings = strings
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
@@ -213,11 +216,14 @@ class DialogGenerator:
             number = halves // 2 if halves % 2 == 0 else halves / 2
             return number, str(number)
         if kind == "list":
-            items = list(dict.fromkeys(values.MAKERS[spec](rng, self.held_out)
+            items = list(dict.fromkeys(self._text(rng, spec)
                                        for _ in range(rng.randint(1, 3))))
             return items, _surface_of(items)
-        text = values.MAKERS[kind](rng, self.held_out)
+        text = self._text(rng, kind)
         return text, text
+
+    def _text(self, rng: random.Random, kind: str) -> str:
+        return self.strings(rng) if self.strings else values.MAKERS[kind](rng, self.held_out)
 
     def _result_fields(self, rng: random.Random, args: dict[str, Any]) -> dict[str, str]:
         return {"condition": rng.choice(CONDITIONS), "temperature": f"{rng.randint(-5, 35)}C",

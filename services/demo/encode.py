@@ -74,15 +74,25 @@ class SceneEncoder:
         """Tokens overlapping a span, and the first token after each span of `closed`: the tokens
         an exact call depends on (a value's first token is found in the request, the rest copied,
         and the copy must stop) — the copy phase weights them up in the loss."""
-        ends = [len(self.tokenizer.decode(ids[:n + 1], skip_special_tokens=False))
-                for n in range(len(ids))]
-        starts = [0] + ends[:-1]
+        starts, ends = self.token_offsets(ids)
         keys = [any(a < end and start < b for a, b in spans) for start, end in zip(starts, ends)]
         for _, b in closed:
             after = next((n for n, start in enumerate(starts) if start >= b), None)
             if after is not None:
                 keys[after] = True
         return keys
+
+    def token_offsets(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """Start and end character offsets of every token in the text `ids` spell."""
+        ends = [len(self.tokenizer.decode(ids[:n + 1], skip_special_tokens=False))
+                for n in range(len(ids))]
+        return [0] + ends[:-1], ends
+
+    def value_tokens(self, ids: list[int], text: str, values: list[str]) -> list[list[int]]:
+        """Per occurrence of a value in `text` (spelled by `ids`): the indices of its tokens."""
+        starts, ends = self.token_offsets(ids)
+        return [[n for n, (start, end) in enumerate(zip(starts, ends)) if a < end and start < b]
+                for a, b in _spans(text, values)]
 
     def completion_ids(self, text: str, copied: Iterable[str], prompt_ids: list[int]) -> list[int]:
         """Tokens of `text`, copied values segmented as in the prompt (canonical elsewhere)."""
@@ -104,12 +114,12 @@ class SceneEncoder:
         if spaced:
             return self.encode(value)
         bare = self.encode(value)
-        if _contains(prompt_ids, bare):
+        if contains_run(prompt_ids, bare):
             return bare
         spaced_ids = self.encode(" " + value)
         first = self.tokenizer.id_to_token(spaced_ids[0])
         stripped = self.tokenizer.token_to_id(first[1:]) if first.startswith(SPACE) else None
-        if stripped is not None and _contains(prompt_ids, spaced_ids):
+        if stripped is not None and contains_run(prompt_ids, spaced_ids):
             return [stripped] + spaced_ids[1:]
         return bare
 
@@ -139,6 +149,6 @@ def _spans(text: str, values: list[str]) -> list[tuple[int, int]]:
     return sorted(taken)
 
 
-def _contains(haystack: list[int], needle: list[int]) -> bool:
+def contains_run(haystack: list[int], needle: list[int]) -> bool:
     n = len(needle)
     return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))

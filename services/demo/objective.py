@@ -63,6 +63,7 @@ class SceneScores:
     token_accuracy: float
     mtp_accuracy: float
     exact: list[bool]            # per example: every completion token is the argmax
+    correct: list[list[bool]]    # per example, per completion token: it is the argmax
     num_targets: int             # completion tokens scored
 
 
@@ -71,6 +72,7 @@ def score_scene(model: DeepseekV4, hidden: SceneHidden, targets: SceneTargets) -
     loss = weighted_cross_entropy(logits, targets.targets, targets.weights)
     correct = logits.argmax(dim=-1) == targets.targets
     exact = [bool(correct[a:b].all()) for a, b in targets.exact_spans]
+    per_token = [correct[a:b].tolist() for a, b in targets.exact_spans]
     mtp_loss, mtp_accuracy = torch.zeros(()), 0.0
     if hidden.mtp_hidden[0] is not None:
         mtp_logits = model.logits(torch.cat(hidden.mtp_hidden)[targets.mtp_rows], prefix="mtp.0.")
@@ -78,5 +80,5 @@ def score_scene(model: DeepseekV4, hidden: SceneHidden, targets: SceneTargets) -
         mtp_loss = weighted_cross_entropy(mtp_logits, targets.mtp_targets, targets.weights)
         mtp_accuracy = float((mtp_logits.argmax(dim=-1) == targets.mtp_targets).float().mean())
     return SceneScores(loss, mtp_loss, float(correct.float().mean()), mtp_accuracy, exact,
-                       int(targets.targets.numel()))
+                       per_token, int(targets.targets.numel()))
 

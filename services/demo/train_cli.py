@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from services.demo import export
 from services.demo.architecture import demo_config_json
-from services.demo.evaluate import heldout_scenes, teacher_forced
+from services.demo.evaluate import copy_accuracy, copy_evalsets, heldout_scenes, teacher_forced
 from services.demo.params import stored_tensors
 from services.demo.plots import write_plots
 from services.demo.trainer import TrainSettings, Trainer
@@ -36,6 +36,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="steps of the first phase (its scenes make the vocabulary)")
     parser.add_argument("--copy-steps", type=int, default=defaults.copy_steps,
                         help="steps of the copy phase after them (see TrainSettings)")
+    parser.add_argument("--copy-cosine-steps", type=int, default=defaults.copy_cosine_steps,
+                        help="length of the copy phase's cosine (0: --copy-steps)")
+    parser.add_argument("--induction-steps", type=int, default=defaults.induction_steps,
+                        help="steps of the induction phase after those (random-string drills)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -43,8 +47,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "and export (and install) as at the end")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--save-every", type=int, default=25, help="steps between saved states")
-    parser.add_argument("--eval-every", type=int, default=150, help="steps between held-out evals")
-    parser.add_argument("--eval-count", type=int, default=40, help="held-out prompts per eval")
+    parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evals")
+    parser.add_argument("--eval-count", type=int, default=40,
+                        help="held-out calls (and drills of each kind) per eval")
     parser.add_argument("--heldout-count", type=int, default=100,
                         help=f"held-out prompts written to {export.HELDOUT_FILE} (the bench's set)")
     parser.add_argument("--final-eval-count", type=int, default=100,
@@ -59,10 +64,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.monotonic()
     settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
+                             copy_cosine_steps=args.copy_cosine_steps,
+                             induction_steps=args.induction_steps,
                              examples_per_scene=args.examples_per_scene)
     trainer = Trainer(args.out_dir, settings)
-    evalset = heldout_scenes(trainer.vocab, trainer.encoder, args.eval_count,
-                             trainer.training_values)
+    evalsets = copy_evalsets(trainer, args.eval_count)
     last = min(settings.total_steps, args.stop_after or settings.total_steps)
     with tqdm(total=settings.total_steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < last:
@@ -71,14 +77,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['token_accuracy']:.3f}")
             step = trainer.step_index
             if step % args.eval_every == 0 or step == last:
-                exact = teacher_forced(trainer, evalset, quantized=True)["exact"]
-                trainer.history.append({"step": step, "heldout_exact": exact})
-                bar.write(f"step {step}: held-out exact completions {exact:.2%}")
+                record = _copy_eval(trainer, evalsets)
+                trainer.history.append(record)
+                bar.write(json.dumps(record))
             if step % args.save_every == 0 or step == last:
                 _checkpoint(trainer, args.out_dir)
     report = _finish(trainer, args, time.monotonic() - started)
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _copy_eval(trainer: Trainer, evalsets: dict) -> dict:
+    """The held-out copy metric (evaluate.copy_accuracy) of every set; `heldout_exact`: the
+    share of held-out calls whose completion is exact."""
+    record: dict = {"step": trainer.step_index}
+    for name, scenes in evalsets.items():
+        scores = copy_accuracy(trainer, scenes)
+        record.update({f"{name}_{key}": round(value, 4) for key, value in scores.items()})
+    record["heldout_exact"] = record["calls_exact"]
+    return record
 
 
 def _checkpoint(trainer: Trainer, out_dir: Path) -> None:

@@ -6,9 +6,8 @@ stream and schedule.
 """
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +20,8 @@ from services.demo.encode import EncodedScene, SceneEncoder
 from services.demo.evaluate import heldout_scenes
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
+from services.demo.random_drills import RandomDrills
+from services.demo.schedule import FIRST, INDUCTION, TrainSettings, continues
 from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
@@ -29,30 +30,6 @@ from services.worker.model.weights import ModelWeights
 STATE_FILE = "train_state.pt"
 DELTA_WEIGHT_DECAY = 0.1
 HELDOUT_GUARD = 200   # held-out prompts whose values the copy phase never trains on (≥ the bench's)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    seed: int = 1
-    steps: int = 400
-    examples_per_scene: int = 12
-    learning_rate: float = 2e-3
-    warmup_steps: int = 60
-    mtp_weight: float = 0.3
-    clip_norm: float = 1.0
-    # The copy phase: `copy_steps` more steps after `steps` (the vocabulary stays the one of the
-    # first `steps`), each with `long_drills` drills of values no list holds; key tokens (copied
-    # values, the tool's name, the token closing a value) weigh `key_weight` in the loss; its own
-    # warm-up and cosine from `copy_learning_rate`.
-    copy_steps: int = 600
-    long_drills: int = 24
-    key_weight: float = 3.0
-    copy_learning_rate: float = 1e-3
-    copy_warmup_steps: int = 20
-
-    @property
-    def total_steps(self) -> int:
-        return self.steps + self.copy_steps
 
 
 class Trainer:
@@ -76,6 +53,7 @@ class Trainer:
         self.step_index = 0
         self.history: list[dict] = []
         self._heldout_values: Optional[set[str]] = None
+        self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -89,10 +67,10 @@ class Trainer:
     def train_step(self) -> dict:
         index = self.step_index
         for group in self.optimizer.param_groups:
-            group["lr"] = self._learning_rate(index)
+            group["lr"] = self.settings.learning_rate_at(index)
         rows = self.vocab.rows()
         model = self.model(rows=rows)
-        key_weight = self.settings.key_weight if index >= self.settings.steps else None
+        key_weight = self.settings.key_weight if self.settings.phase(index) != FIRST else None
         scores = [self.score(model, rows, scene, with_mtp=True, key_weight=key_weight)
                   for scene in self._training_scenes(index)]
         weights = [s.num_targets for s in scores]
@@ -105,22 +83,28 @@ class Trainer:
         record = {"step": index + 1, "loss": loss.item(), "mtp_loss": mtp_loss.item(),
                   "token_accuracy": _weighted(scores, "token_accuracy"),
                   "mtp_accuracy": _weighted(scores, "mtp_accuracy"),
-                  "grad_norm": float(norm), "lr": self._learning_rate(index)}
+                  "grad_norm": float(norm), "lr": self.settings.learning_rate_at(index)}
         self.history.append(record)
         self.step_index += 1
         return record
 
     def _training_scenes(self, index: int) -> list[EncodedScene]:
         """The step's scenes, each without the examples that hold an untrained token."""
-        copy_phase = index >= self.settings.steps
-        kept_scenes = []
-        for scene in self.generator.training_scenes(
+        phase = self.settings.phase(index)
+        scenes = ([self.random_drills.scene(index, self.settings.random_drills)]
+                  if phase == INDUCTION else [])
+        if self.settings.random_calls_at(index):
+            scenes.append(self.random_drills.call_scene(index, self.settings.random_calls_at(index)))
+        if phase != INDUCTION or self.settings.mixes_stream(index):
+            scenes += self.generator.training_scenes(
                 index, self.settings.examples_per_scene,
-                self.settings.long_drills if copy_phase else 0):
+                0 if phase == FIRST else self.settings.long_drills)
+        kept_scenes = []
+        for scene in scenes:
             encoded = self.encoder.scene(scene)
             kept = [e for e in encoded.examples
                     if self.vocab.covers(e.prompt_ids) and self.vocab.covers(e.completion_ids)
-                    and not (copy_phase and self._holds_heldout_value(e.example.copy_values))]
+                    and not (phase != FIRST and self._holds_heldout_value(e.example.copy_values))]
             if kept:
                 kept_scenes.append(EncodedScene(encoded.prefix_ids, kept, scene))
         if not kept_scenes:
@@ -164,11 +148,7 @@ class Trainer:
         if not path.is_file():
             return None
         saved = torch.load(path, weights_only=False)
-        current = asdict(self.settings)
-        # A state saved before the copy phase existed continues into it.
-        compatible = ({k: current[k] for k in saved["settings"]} == saved["settings"]
-                      and (saved["settings"] == current or saved["step"] <= self.settings.steps))
-        if not compatible:
+        if not continues(saved["settings"], self.settings, saved["step"]):
             raise ValueError(f"{path} was written with other settings: {saved['settings']}")
         return saved
 
@@ -177,21 +157,6 @@ class Trainer:
         rest = [p for p in self.params.parameters() if all(p is not d for d in deltas)]
         return [{"params": rest, "weight_decay": 0.0},
                 {"params": deltas, "weight_decay": DELTA_WEIGHT_DECAY}]
-
-    def _learning_rate(self, index: int) -> float:
-        s = self.settings
-        if index >= s.steps:
-            return _warmup_cosine(index - s.steps, s.copy_steps, s.copy_warmup_steps,
-                                  s.copy_learning_rate)
-        return _warmup_cosine(index, s.steps, s.warmup_steps, s.learning_rate)
-
-
-def _warmup_cosine(index: int, steps: int, warmup_steps: int, peak: float) -> float:
-    """Linear warm-up to `peak`, then a cosine down to a tenth of it at `steps`."""
-    if index < warmup_steps:
-        return peak * (index + 1) / warmup_steps
-    progress = (index - warmup_steps) / max(1, steps - warmup_steps)
-    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def _weighted(scores: list[SceneScores], key: str) -> float:

@@ -73,3 +73,19 @@ def test_key_tokens_weigh_key_weight_in_the_loss() -> None:
     per_token = torch.nn.functional.cross_entropy(logits, targets.targets, reduction="none")
     expected = (3 * per_token[0] + per_token[1] + 3 * per_token[2]) / 7
     assert torch.allclose(weighted_cross_entropy(logits, targets.targets, targets.weights), expected)
+
+
+def test_an_induction_phase_step_learns_random_drills_and_every_mix_every_th_the_stream(
+        tmp_path: Path) -> None:
+    settings = TrainSettings(steps=1, examples_per_scene=2, copy_steps=0, induction_steps=3,
+                             random_drills=4, induction_solo_steps=0, mix_every=2)
+    trainer = Trainer(tmp_path, settings)
+    # Scene 0 and no held-out guard: a one-scene vocabulary covers no other scene and no
+    # held-out prompt (as in the test above).
+    stream = trainer.generator.training_scenes
+    trainer.generator.training_scenes = lambda index, examples, drills: stream(0, examples, drills)
+    trainer._heldout_values = set()
+    kinds = [[len(s.examples) for s in trainer._training_scenes(i)] for i in (1, 2)]
+    assert kinds[0][0] == 4 and len(kinds[0]) > 1 and kinds[1] == [4]
+    trainer.step_index = 1
+    assert trainer.train_step()["lr"] == settings.induction_learning_rate / 10

@@ -1,0 +1,81 @@
+"""Copy drills of random token strings: the induction phase's data.
+
+A value is 2–8 ids drawn uniformly from the trained vocabulary's word-like rows (letters and
+digits, with or without a leading space), decoded to text. Nothing about such a string can be
+recalled from training — each one is new — so only copying the prompt's tokens gets it right: the
+data on which small transformers form induction (copy) heads. A string is kept only if the
+prompt's tokenization spells it with exactly the drawn ids (BPE may merge neighbours), so the
+completion copies them token for token.
+"""
+from __future__ import annotations
+
+import random
+
+from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator, Example, Scene, tool_json
+from services.demo.encode import SPACE, SceneEncoder, contains_run
+from services.demo.tools import CATALOG
+from services.demo.vocab import TrainedVocab
+
+REPEAT_PROMPTS = ("Repeat after me: {value}", "Please repeat this: {value}", "Echo: {value}",
+                  "Copy this exactly: {value}")   # the value follows a space in every one
+MIN_TOKENS, MAX_TOKENS = 2, 8
+
+
+class RandomDrills:
+    """Random-string drills over one trained vocabulary, seeded per (seed, split, index)."""
+
+    def __init__(self, vocab: TrainedVocab, encoder: SceneEncoder, seed: int):
+        self.encoder = encoder
+        self.seed = seed
+        trained = set(vocab.ids.tolist())
+        texts = {i: encoder.tokenizer.id_to_token(i) for i in sorted(trained)}
+        self.pieces = [i for i, t in texts.items() if _word_like(t.removeprefix(SPACE))]
+        # A value's first token follows a space in the prompt and loses it in the completion
+        # (encode.py): both forms must be trained.
+        self.firsts = [i for i in self.pieces if texts[i].startswith(SPACE)
+                       and encoder.tokenizer.token_to_id(texts[i][1:]) in trained]
+
+    def scene(self, index: int, count: int, held_out: bool = False) -> Scene:
+        """`count` drills "Repeat after me: <random string>" answered by the string (no tools,
+        chat mode: the completion is the copied tokens and the token that ends the turn); none
+        if the vocabulary has no word-like token in both its spaced and bare forms."""
+        rng = random.Random(f"{self.seed}:{held_out}:random-drill:{index}")
+        examples = []
+        for _ in range(count if self.firsts else 0):
+            user, value = self._request(rng)
+            examples.append(Example("chat", [{"role": "user", "content": user}],
+                                    {"role": "assistant", "content": value}, False, [value]))
+        return Scene(None, [], examples)
+
+    def call_scene(self, index: int, count: int) -> Scene:
+        """A scene of `count` tool-call requests (2–5 declared tools) whose free-text argument
+        values are random strings: the copy of the drills, inside the call format."""
+        generator = DialogGenerator(self.seed, False, strings=self._string)
+        rng = random.Random(f"{self.seed}:random-call:{index}")
+        specs = rng.sample(CATALOG, rng.randint(2, 5))
+        tools = [tool_json(spec, rng, False) for spec in specs]
+        chosen = [rng.randrange(len(specs)) for _ in range(count)]
+        return Scene(rng.choice(SYSTEM_PROMPTS), tools,
+                     [generator.call_example(rng, specs[k], tools[k]) for k in chosen])
+
+    def _request(self, rng: random.Random) -> tuple[str, str]:
+        while True:
+            ids = self._ids(rng)
+            value = self.encoder.tokenizer.decode(ids)[1:]
+            user = rng.choice(REPEAT_PROMPTS).format(value=value)
+            if contains_run(self.encoder.encode(user), ids):
+                return user, value
+
+    def _ids(self, rng: random.Random) -> list[int]:
+        return [rng.choice(self.firsts)] + [rng.choice(self.pieces)
+                                            for _ in range(rng.randint(MIN_TOKENS, MAX_TOKENS) - 1)]
+
+    def _string(self, rng: random.Random) -> str:
+        """A random string for a call's argument (a request template may tokenize it otherwise:
+        then its completion copies canonical tokens, encode.py)."""
+        return self.encoder.tokenizer.decode(self._ids(rng))[1:]
+
+
+def _word_like(text: str) -> bool:
+    return text.isascii() and text.isalnum()
+

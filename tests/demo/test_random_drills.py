@@ -1,0 +1,65 @@
+"""The induction phase's data: random token strings from the trained vocabulary, copied token for
+token, seeded, and its schedule continuing a state saved by the copy phase."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from services.demo import export
+from services.demo.encode import SceneEncoder, contains_run
+from services.demo.random_drills import MAX_TOKENS, MIN_TOKENS, RandomDrills
+from services.demo.schedule import COPY, INDUCTION, TrainSettings, continues
+from services.demo.vocab import tie_structure
+
+
+@pytest.fixture(scope="module")
+def drills() -> RandomDrills:
+    encoder = SceneEncoder()
+    ids = load_file(str(export.COMPACT_DIR / "vocab.safetensors"))["ids"].to(torch.int64)
+    return RandomDrills(tie_structure(ids.tolist(), encoder), encoder, seed=1)
+
+
+def test_a_random_drill_completion_is_the_prompts_tokens_of_the_string_then_the_end(
+        drills: RandomDrills) -> None:
+    encoder = drills.encoder
+    scene = encoder.scene(drills.scene(7, 40))
+    eos = encoder.tokenizer.token_to_id("<｜end▁of▁sentence｜>")
+    lengths = set()
+    for item in scene.examples:
+        copied = item.completion_ids[:-1]
+        assert item.completion_ids[-1] == eos and all(item.key_tokens)
+        assert encoder.tokenizer.decode(copied) == item.example.target["content"]
+        # Token for token: the prompt holds the same ids, the first one with its leading space.
+        first = encoder.tokenizer.id_to_token(copied[0])
+        spaced = encoder.tokenizer.token_to_id("Ġ" + first)
+        assert contains_run(item.prompt_ids, [spaced] + copied[1:])
+        assert set(item.completion_ids) <= set(drills.pieces) | {eos}
+        lengths.add(len(copied))
+    assert min(lengths) >= MIN_TOKENS and max(lengths) <= MAX_TOKENS and len(lengths) > 3
+
+
+def test_random_drills_are_a_pure_function_of_seed_split_and_index(drills: RandomDrills) -> None:
+    assert drills.scene(3, 5) == drills.scene(3, 5)
+    assert drills.scene(3, 5) != drills.scene(4, 5)
+    held_out = {e.target["content"] for e in drills.scene(3, 40, held_out=True).examples}
+    assert not held_out & {e.target["content"] for e in drills.scene(3, 40).examples}
+
+
+def test_a_copy_phase_state_continues_into_the_induction_phase_on_its_own_schedule() -> None:
+    """The induction run (docs/demo-model.md): a state of a 600-step copy phase at step 775
+    continues when that phase is cut at 375 steps with its cosine kept over 600; a state whose
+    steps ran on another schedule or other data does not."""
+    saved = {k: v for k, v in vars(TrainSettings(copy_steps=600)).items()
+             if k not in ("copy_cosine_steps", "induction_steps", "random_drills")}
+    current = TrainSettings(copy_steps=375, copy_cosine_steps=600, induction_steps=300)
+    assert continues(saved, current, 775)
+    assert current.phase(774) == COPY and current.phase(775) == INDUCTION
+    assert current.learning_rate_at(775) == current.induction_learning_rate / 10
+    assert not continues(saved, TrainSettings(copy_steps=375, copy_cosine_steps=375), 775)
+    assert not continues(saved, current, 776)
+    assert not continues({**saved, "long_drills": 8}, current, 775)
+    mixed = [i for i in range(775, 1075) if current.mixes_stream(i)]
+    assert mixed[0] == 825 and len(mixed) == 125
+    assert [current.random_calls_at(i) for i in (899, 900)] == [0, current.random_calls]
+    assert TrainSettings().random_calls_at(950) == 0   # the default copy phase: no random calls
