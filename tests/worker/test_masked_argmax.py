@@ -150,24 +150,37 @@ def test_decoded_bitmask_keeps_bit_31_and_ignores_bits_past_the_vocabulary() -> 
     assert greedy_rows(logits.unsqueeze(0), [(None, words)], [None]) == [31]
 
 
-@pytest.mark.parametrize("vocab", [65, 129])
+@pytest.mark.parametrize("layout", ["rows", "head"])
+@pytest.mark.parametrize("vocab", [65, 129, 5000])
 def test_one_batch_of_mixed_forms_and_densities_samples_every_row_like_the_reference(
-        vocab: int) -> None:
+        vocab: int, layout: str) -> None:
     """Rows of one step in one batch: unconstrained, allowed ids, bitmask (winner allowed or
     refused), refused ids, both forms at once, empty masks, biases; each row gets the reference
-    token of its own mask and bias (None where its mask allows nothing)."""
+    token of its own mask and bias (None where its mask allows nothing). Layout "head": the logits
+    are the transposed view of a row-major [vocab, rows] array, as the CPU vocabulary head returns
+    them, which is argmaxed a block of vocabulary rows at a time (5,000: three blocks, with ties
+    across them); without biases, which copy the batch row-major."""
     rng = random.Random(f"mixed-batch-{vocab}")
     rows, expected = [], []
-    for _ in range(120):
-        logits = [rng.randint(-8, 8) / 4 for _ in range(vocab)]
+    # Past one block: every other row's scores spread so wide that its maximum lies in any block,
+    # the others' so narrow that maxima tie across blocks.
+    spreads = (8, 8) if vocab < 1000 else (400, 40_000)
+    for index in range(120):
+        spread = spreads[index % 2]
+        logits = [rng.randint(-spread, spread) / 4 for _ in range(vocab)]
         allowed = {t for t in range(vocab) if rng.random() < rng.choice((0.0, 0.02, 0.5, 0.98))}
         bias = {rng.randrange(vocab): rng.randint(-12, 12) / 4 for _ in range(rng.randint(0, 3))}
+        if layout == "head":
+            bias = {}    # a biased batch is copied row-major before the argmax
         form = rng.choice(("none", "ids", "bitmask", "refused", "both"))
         rows.append((logits, row_mask(allowed, form, vocab), bias_tensors(bias)))
         expected.append(reference_choice(logits, set(range(vocab)) if form == "none" else allowed,
                                          bias))
-    chosen = greedy_rows(torch.tensor([logits for logits, _, _ in rows]),
-                         [mask for _, mask, _ in rows], [bias for _, _, bias in rows])
+    batch = torch.tensor([logits for logits, _, _ in rows])
+    if layout == "head":
+        batch = batch.T.contiguous().T
+        assert batch.stride() == (1, len(rows))
+    chosen = greedy_rows(batch, [mask for _, mask, _ in rows], [bias for _, _, bias in rows])
     assert chosen == expected
 
 

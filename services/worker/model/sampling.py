@@ -24,6 +24,7 @@ from services.worker.model.verification import PositionMask
 
 NO_ALLOWED_TOKEN = "the grammar mask allows no token"
 LogitBias = tuple[torch.Tensor, torch.Tensor]   # (ids int64, values float32)
+_ARGMAX_BLOCK_ROWS = 2048   # [2048, 32] fp32 = 256 KiB: within L2 (1024–4096 measured alike)
 
 
 class NoAllowedToken(ValueError):
@@ -64,9 +65,30 @@ def _refused_winners(scores: torch.Tensor, best: Optional[torch.Tensor], rows: l
 def _argmax(scores: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax (the lowest index among maxima; a NaN counts as the maximum). On the CPU
     numpy's: [32, 129,280] fp32 in ~0.75 ms against ~11 ms for torch's, one thread."""
-    if scores.device.type == "cpu":
-        return torch.from_numpy(np.argmax(scores.numpy(), axis=-1))
-    return scores.argmax(dim=-1)
+    if scores.device.type != "cpu":
+        return scores.argmax(dim=-1)
+    if scores.stride(-1) != 1 and scores.stride(0) == 1:
+        return torch.from_numpy(_argmax_of_columns(scores.T.numpy()))
+    return torch.from_numpy(np.argmax(scores.numpy(), axis=-1))
+
+
+def _argmax_of_columns(columns: np.ndarray) -> np.ndarray:
+    """Per column of a row-major [V, N] array, the argmax (same rule as `_argmax`), a cache-sized
+    block of rows at a time. The CPU vocabulary head computes weight @ x.T (see
+    numerics.wide_linear), so a step's logits arrive as the transposed view of such an array:
+    numpy's argmax along the strided axis took 18.5 ms at [32, 129,280], a contiguous copy first
+    9 ms, blocks of 2,048 rows 3.6 ms (one thread)."""
+    vocab_size, num_rows = columns.shape
+    every_row = np.arange(num_rows)
+    block_argmax, block_max = [], []
+    for start in range(0, vocab_size, _ARGMAX_BLOCK_ROWS):
+        block = np.ascontiguousarray(columns[start:start + _ARGMAX_BLOCK_ROWS].T)
+        best = block.argmax(axis=-1)
+        block_argmax.append(best + start)
+        block_max.append(block[every_row, best])
+    # The first block holding a row's maximum (or its first NaN) holds its lowest such index.
+    first_best_block = np.argmax(np.stack(block_max), axis=0)
+    return np.stack(block_argmax)[first_best_block, every_row]
 
 
 def _rows(scores: torch.Tensor, rows: list[int]) -> torch.Tensor:
