@@ -11,7 +11,7 @@ import torch
 
 from services.common.step_descriptors import RowMask, ScheduledRow, StepMasks, TokenMask
 from services.worker.model.runtime import SequenceChunk, StepOutput
-from services.worker.model.sampling import NO_ALLOWED_TOKEN, greedy_rows
+from services.worker.model.sampling import NO_ALLOWED_TOKEN, greedy_rows, select_rows
 from services.worker.model.verification import PositionMask, sampled_offsets
 
 
@@ -117,8 +117,8 @@ def sample_late_rows(chunks: list[SequenceChunk], output: StepOutput, masks: Ste
                 output.sampled[i], output.errors[i] = None, str(error)
     if not picked:
         return
-    tokens = greedy_rows(torch.stack([output.logits[i] for i in picked]), position_masks,
-                         [chunks[i].logit_bias for i in picked])
+    scores = select_rows(output.logits_batch, [output.logits_row[i] for i in picked])
+    tokens = greedy_rows(scores, position_masks, [chunks[i].logit_bias for i in picked])
     for i, token in zip(picked, tokens):
         output.sampled[i] = token
         if token is None:

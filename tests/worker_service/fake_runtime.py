@@ -68,9 +68,12 @@ class FakeRuntime:
         error = None if ranks_agree(chunks) else "ranks computed different steps"
         # Increasing scores: a mask applied to them afterwards picks its largest allowed id, as
         # `fake_next_token` does with a mask that reached the runtime.
-        logits = torch.arange(FAKE_VOCAB_SIZE, dtype=torch.float32) if return_logits else None
-        return StepOutput(sampled=sampled, logits=[logits] * len(chunks),
-                          errors=[error] * len(chunks))
+        if not return_logits:
+            return StepOutput(sampled=sampled, logits=[None] * len(chunks),
+                              errors=[error] * len(chunks))
+        batch = torch.arange(FAKE_VOCAB_SIZE, dtype=torch.float32).repeat(len(chunks), 1)
+        return StepOutput(sampled=sampled, logits=list(batch), errors=[error] * len(chunks),
+                          logits_batch=batch, logits_row=list(range(len(chunks))))
 
     def release(self, seq_id: int) -> None:
         pass

@@ -26,7 +26,7 @@ from services.worker.model.kv_cache import (FAMILY_GROUPS, BlockTables, PagedKvC
                                             block_group_windows, first_needed_block,
                                             rows_per_block)
 from services.worker.model.parallel import ParallelLayout, check_topology
-from services.worker.model.sampling import NO_ALLOWED_TOKEN, NoAllowedToken, greedy_rows
+from services.worker.model.sampling import NO_ALLOWED_TOKEN, NoAllowedToken, greedy_rows, select_rows
 from services.worker.model.sharding import rank_selection
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.verification import PositionMask, sampled_offsets, verify
@@ -79,6 +79,10 @@ class SequenceChunk:
 class StepOutput:
     sampled: list[Optional[int]]            # per chunk: the greedy token, None if not sampled
     logits: list[Optional[torch.Tensor]]    # per chunk: fp32 [V], last position (return_logits)
+    # return_logits: the batch those rows are views of, and each chunk's row in it (sample rows
+    # again with `sampling.select_rows(logits_batch, ...)`: a stack of the views is slow on CPU).
+    logits_batch: Optional[torch.Tensor] = None
+    logits_row: list[Optional[int]] = field(default_factory=list)
     # Per chunk: why sampling failed (a grammar mask that allows nothing), else None.
     errors: list[Optional[str]] = field(default_factory=list)
     # Per chunk: last-layer hc streams [len, hc, D] (return_hidden; the MTP block's input).
@@ -170,10 +174,12 @@ class ModelRuntime:
         out = StepOutput(sampled=[None] * n, logits=[None] * n, errors=[None] * n,
                          hidden=[None] * n, num_accepted=[0] * n, proposals=[[] for _ in chunks])
         tokens = greedy_tokens(chunks, wanted, row_lists, logits)
+        if return_logits:
+            out.logits_batch, out.logits_row = logits, [None] * n
         first = 0
         for i, rows in zip(wanted, row_lists):
             if return_logits:
-                out.logits[i] = logits[first]
+                out.logits[i], out.logits_row[i] = logits[first], first
             first += len(rows)
             if chunks[i].sample:
                 self._sample(chunks[i], tokens[i], i, out)
@@ -278,8 +284,7 @@ def greedy_tokens(chunks: list[SequenceChunk], wanted: list[int], row_lists: lis
         first += len(rows)
     if not picked:
         return {}
-    batch = logits if len(picked) == first else logits[torch.tensor(picked, device=logits.device)]
-    tokens = iter(greedy_rows(batch, masks, biases))
+    tokens = iter(greedy_rows(select_rows(logits, picked), masks, biases))
     return {i: [next(tokens) for _ in range(count)] for i, count in counts.items()}
 
 

@@ -48,6 +48,18 @@ def greedy_rows(logits: torch.Tensor, masks: Sequence[PositionMask],
     return tokens
 
 
+def select_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The `rows` of a logits batch, in order, keeping the CPU head's transposed layout (see
+    `_argmax_of_columns`): a row-major stack of its strided rows took ~25 ms at [32, 129,280],
+    selecting columns of the storage ~4.5 ms, and all the rows cost nothing."""
+    if rows == list(range(logits.shape[0])):
+        return logits
+    index = torch.tensor(rows, device=logits.device)
+    if logits.stride(-1) != 1 and logits.stride(0) == 1:
+        return logits.T.index_select(1, index).T
+    return logits.index_select(0, index)
+
+
 def _refused_winners(scores: torch.Tensor, best: Optional[torch.Tensor], rows: list[int],
                      words: list[torch.Tensor]) -> list[tuple[int, Optional[int]]]:
     """(row, its masked argmax) for each of the bitmasked `rows` whose bitmask refuses its
