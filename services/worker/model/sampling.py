@@ -55,7 +55,7 @@ def select_rows(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if rows == list(range(logits.shape[0])):
         return logits
     index = torch.tensor(rows, device=logits.device)
-    if logits.stride(-1) != 1 and logits.stride(0) == 1:
+    if _in_head_layout(logits):
         return logits.T.index_select(1, index).T
     return logits.index_select(0, index)
 
@@ -79,9 +79,15 @@ def _argmax(scores: torch.Tensor) -> torch.Tensor:
     numpy's: [32, 129,280] fp32 in ~0.75 ms against ~11 ms for torch's, one thread."""
     if scores.device.type != "cpu":
         return scores.argmax(dim=-1)
-    if scores.stride(-1) != 1 and scores.stride(0) == 1:
+    if _in_head_layout(scores):
         return torch.from_numpy(_argmax_of_columns(scores.T.numpy()))
     return torch.from_numpy(np.argmax(scores.numpy(), axis=-1))
+
+
+def _in_head_layout(logits: torch.Tensor) -> bool:
+    """[N, V] logits that are the transposed view of a row-major [V, N] array, as the CPU head
+    returns them (see `_argmax_of_columns`)."""
+    return logits.stride(-1) != 1 and logits.stride(0) == 1
 
 
 def _argmax_of_columns(columns: np.ndarray) -> np.ndarray:
