@@ -182,6 +182,8 @@ class WorkerSet:
         """A worker that refuses or is gone is lost at once; one that is only slow to answer is
         lost after PROBE_TIMEOUTS_TO_LOSE probes in a row (a loaded host is not a dead one)."""
         outcomes = await self._describe_all()
+        if self._lose_changed(outcomes):
+            return
         for connection, outcome in zip(self._connections, outcomes):
             if not isinstance(outcome, WorkerUnreachable):
                 connection.probe_timeouts = 0
@@ -190,6 +192,29 @@ class WorkerSet:
             if not outcome.timed_out or connection.probe_timeouts >= PROBE_TIMEOUTS_TO_LOSE:
                 self._lose(connection, f"probe failed: {outcome}")
                 return
+
+    def _lose_changed(self, outcomes: list) -> bool:
+        """Loses the first worker whose fresh description shows it is not the process (or world
+        round) of the handshake: it restarted between two probes, or its ranks left the world.
+        Its Step stream is gone even though it answers again."""
+        for connection, outcome in zip(self._connections, outcomes):
+            change = None if isinstance(outcome, WorkerUnreachable) else self._change(connection,
+                                                                                     outcome)
+            if change:
+                self._lose(connection, change)
+                return True
+        return False
+
+    def _change(self, connection: WorkerConnection, now: WorkerDescription) -> Optional[str]:
+        then = connection.description
+        if not self.ready or then is None:
+            return None
+        if now.instance_id != then.instance_id:
+            return f"worker {connection.address} restarted since the handshake (a new process)"
+        if needs_join([then]) and now.world_round != self._world_round:
+            return (f"worker {connection.address} left world round {self._world_round} (it "
+                    f"reports round {now.world_round})")
+        return None
 
     async def _describe_all(self) -> list:
         """Each worker's description or its WorkerUnreachable."""
@@ -254,8 +279,10 @@ class WorkerSet:
         return outcomes
 
     async def check_ready(self) -> Readiness:
-        """A fresh Describe round trip to every worker (short timeout)."""
+        """A fresh Describe round trip to every worker (short timeout); a worker found restarted
+        is lost here as at a probe, so readiness never reports a world that is gone."""
         outcomes = await self._describe_all()
+        self._lose_changed(outcomes)
         failures = [str(o) for o in outcomes if isinstance(o, WorkerUnreachable)]
         if failures:
             reason = "; ".join(failures)

@@ -36,3 +36,5 @@ class WorkerDescription:
     compute_dtype: str = "float32"  # "float32" or "bfloat16": part of what a cached block holds
     # Running sequences per partition the worker sized its per-sequence drafter state for; 0: none.
     max_num_seqs: int = 0
+    # Random per worker process: another value at a probe means the worker restarted.
+    instance_id: int = 0

@@ -19,4 +19,5 @@ def description_from_proto(response: worker_pb2.DescribeResponse) -> WorkerDescr
         topology=WorldTopology(topology.world_size, topology.dp, topology.tp, topology.ep,
                                topology.backend),
         host_ranks=tuple(topology.host_ranks), world_round=response.world_round,
-        compute_dtype=response.compute_dtype, max_num_seqs=response.max_num_seqs)
+        compute_dtype=response.compute_dtype, max_num_seqs=response.max_num_seqs,
+        instance_id=response.instance_id)

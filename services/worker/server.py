@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Optional
 
@@ -33,7 +34,8 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
 def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
-    """The static part of Describe (`world_round` is filled in per call)."""
+    """The static part of Describe (`world_round` is filled in per call); `instance_id` is drawn
+    once per process."""
     topology = config.topology
     ranks = config.driven_ranks
     return worker_pb2.DescribeResponse(
@@ -52,7 +54,7 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
                                                bytes_per_block=family.bytes_per_block)
                         for family in facts.cache_families],
         max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype,
-        max_num_seqs=facts.max_num_seqs)
+        max_num_seqs=facts.max_num_seqs, instance_id=secrets.randbits(63))
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):

@@ -15,6 +15,7 @@ follows is sampled only once that step's masks message came (before any later st
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -73,9 +74,13 @@ class _Sequence:
         return self.prefix_hashes[length]
 
 
+_instance_ids = itertools.count(1)
+
+
 class FakeWorker(worker_pb2_grpc.WorkerServicer):
     def __init__(self, spec: FakeWorkerSpec) -> None:
         self.spec = spec
+        self.instance_id = next(_instance_ids)  # a restarted worker is a new FakeWorker
         self.violations: list[str] = []
         self.step_requests: list[worker_pb2.StepRequest] = []
         self.hang = asyncio.Event()  # set: stop answering steps (a hung worker)
@@ -111,7 +116,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 num_blocks=s.num_blocks if name == "compressed" else s.num_window_blocks)
                 for name, window in self.windows.items()],
             max_num_batched_tokens=s.max_num_batched_tokens, compute_dtype="float32",
-            max_num_seqs=s.max_num_seqs)
+            max_num_seqs=s.max_num_seqs, instance_id=self.instance_id)
 
     async def JoinWorld(self, request, context):
         self.world_round = request.round

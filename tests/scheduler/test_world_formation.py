@@ -54,3 +54,20 @@ def test_the_world_is_formed_before_the_first_step_and_again_after_a_worker_retu
             assert stack.workers[1].worker.joined_rounds == [2]
             await stack.generate("after", [5, 6, 7], 4)
     asyncio.run(scenario())
+
+
+def test_a_worker_restarted_between_two_probes_is_noticed_and_the_world_formed_again():
+    """The restart is over before any probe could see the worker gone: only its new identity
+    (instance id, world round 0) tells the scheduler that the Step stream and world it had are
+    gone."""
+    async def scenario():
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2), FakeWorkerSpec(partition_ids=(1,), dp=2))
+        async with running_stack(specs, worker_probe_interval_s=3600.0) as stack:
+            port = stack.workers[1].port
+            await stack.workers[1].stop()
+            stack.workers[1] = await start_fake_worker(specs[1], port=port)
+            await stack.wait_ready(True)
+            assert stack.workers[0].worker.joined_rounds == [1, 2]
+            assert stack.workers[1].worker.joined_rounds == [2]
+            await stack.generate("after", [5, 6, 7], 4)
+    asyncio.run(scenario())

@@ -67,7 +67,7 @@ class BlockGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype", "world_round", "max_num_seqs")
+    __slots__ = ("abi_version", "build_id", "model_fingerprint", "topology", "block_size", "vocab_size", "eos_token_id", "partition_ids", "block_groups", "cache_families", "max_num_batched_tokens", "compute_dtype", "world_round", "max_num_seqs", "instance_id")
     ABI_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUILD_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class DescribeResponse(_message.Message):
     COMPUTE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     WORLD_ROUND_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     abi_version: int
     build_id: str
     model_fingerprint: str
@@ -96,7 +97,8 @@ class DescribeResponse(_message.Message):
     compute_dtype: str
     world_round: int
     max_num_seqs: int
-    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
+    instance_id: int
+    def __init__(self, abi_version: _Optional[int] = ..., build_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., topology: _Optional[_Union[Topology, _Mapping]] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., partition_ids: _Optional[_Iterable[int]] = ..., block_groups: _Optional[_Iterable[_Union[BlockGroup, _Mapping]]] = ..., cache_families: _Optional[_Iterable[_Union[CacheFamily, _Mapping]]] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_dtype: _Optional[str] = ..., world_round: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., instance_id: _Optional[int] = ...) -> None: ...
 
 class NewSequence(_message.Message):
     __slots__ = ("seq_id", "partition_id", "prompt_token_ids", "logit_bias_token_ids", "logit_bias_values", "request_id", "num_cached_tokens")
