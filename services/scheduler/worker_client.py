@@ -66,6 +66,9 @@ class WorkerSet:
         # a world of several workers (its old collectives may be stuck on a lost peer).
         self._world_round = 0
         self._world_current = False
+        # Counts the times the set became ready: descriptions fetched before the latest time
+        # describe another world and are not held against it.
+        self._readiness_epoch = 0
 
     def start(self) -> None:
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(),
@@ -106,6 +109,7 @@ class WorkerSet:
         for connection in self._connections:
             connection.open_stream()
         self.ready = True
+        self._readiness_epoch += 1
         log.info("all %d workers connected; partitions %s", len(self._connections), partitions)
         self._on_ready(self.description)
 
@@ -281,8 +285,10 @@ class WorkerSet:
     async def check_ready(self) -> Readiness:
         """A fresh Describe round trip to every worker (short timeout); a worker found restarted
         is lost here as at a probe, so readiness never reports a world that is gone."""
+        epoch = self._readiness_epoch
         outcomes = await self._describe_all()
-        self._lose_changed(outcomes)
+        if epoch == self._readiness_epoch:
+            self._lose_changed(outcomes)
         failures = [str(o) for o in outcomes if isinstance(o, WorkerUnreachable)]
         if failures:
             reason = "; ".join(failures)
