@@ -116,12 +116,18 @@ _ROW_FIELD_DECODERS: dict[str, Callable[[Any], Any]] = {
 
 
 def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
-    return worker_pb2.StepResponse(
-        step_id=result.step_id, forward_ns=result.forward_ns, error=result.error,
-        results=[worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=row.sampled_token_id,
-                                      error=row.error, num_accepted_drafts=row.num_accepted_drafts,
-                                      proposed_token_ids=row.proposed_token_ids)
-                 for row in result.results])
+    response = worker_pb2.StepResponse(step_id=result.step_id, forward_ns=result.forward_ns,
+                                       error=result.error)
+    for row in result.results:
+        message = response.results.add(seq_id=row.seq_id)  # in place; only the fields set
+        if row.sampled_token_id is not None:
+            message.sampled_token_id = row.sampled_token_id
+        if row.error:
+            message.error = row.error
+        if row.num_accepted_drafts or row.proposed_token_ids:
+            message.num_accepted_drafts = row.num_accepted_drafts
+            message.proposed_token_ids.extend(row.proposed_token_ids)
+    return response
 
 
 def result_from_proto(response: worker_pb2.StepResponse) -> StepResult:
@@ -130,5 +136,5 @@ def result_from_proto(response: worker_pb2.StepResponse) -> StepResult:
         results=tuple(RowResult(r.seq_id,
                                 r.sampled_token_id if r.HasField("sampled_token_id") else None,
                                 r.error, r.num_accepted_drafts, tuple(r.proposed_token_ids))
-                 for r in response.results),
+                      for r in response.results),
         forward_ns=response.forward_ns, error=response.error)
