@@ -195,6 +195,12 @@ def _scheduler_samples(s: SchedulerSnapshot) -> list[tuple[str, type, str, float
          s.num_live_matchers),
         ("dsv4serve:grammar_cache_entries", gauge, "Compiled grammars cached.", s.grammar_cache_entries),
         ("dsv4serve:scheduler_steps_total", counter, "Scheduler steps run.", s.steps_total),
+        ("dsv4serve:step_seconds_total", counter,
+         "Seconds the workers spent on steps as the scheduler sees them (send, or the previous "
+         "step's answer, to answer).", s.step_seconds_total),
+        ("dsv4serve:worker_forward_seconds_total", counter,
+         "Of those, seconds the workers' ranks computed (slowest worker per step).",
+         s.worker_forward_seconds_total),
         ("dsv4serve:stall_rejections_total", counter,
          "Constrained requests rejected because no progress was possible.", s.stall_rejections_total),
         ("dsv4serve:scheduler_prompt_tokens_total", counter,

@@ -29,4 +29,6 @@ class SchedulerCounters:
     generation_tokens_total: int = 0
     prefix_cache_queries_total: int = 0  # tokens looked up when requests started
     prefix_cache_hits_total: int = 0     # tokens of those served from the cache
+    step_seconds_total: float = 0.0            # written by StepPipeline (see scheduler.proto)
+    worker_forward_seconds_total: float = 0.0  # written by StepPipeline
     spec: SpecCounters = field(default_factory=SpecCounters)

@@ -35,14 +35,14 @@ class StepLoop:
     def __init__(self, config: SchedulerConfig, executor: StepExecutor,
                  grammar_factory: GrammarFactory) -> None:
         self._config = config
-        self._pipeline = StepPipeline(executor, pipeline_depth(config))
+        self._counters = SchedulerCounters()
+        self._pipeline = StepPipeline(executor, pipeline_depth(config), self._counters)
         self._grammar_factory = grammar_factory
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._requests: dict[str, Request] = {}
         self._sinks: dict[str, EventSink] = {}  # request id → the sink its Generate call passed
         self._compiles: dict[str, asyncio.Task] = {}
         self._arrivals = itertools.count()
-        self._counters = SchedulerCounters()
         self._stopped = False  # set when `run` ends (cancelled or crashed): commands never run
         self._pending_replies: set[asyncio.Future] = set()
         self._scheduler: Optional[Scheduler] = None

@@ -9,11 +9,13 @@ N+1's forward. A row of N+1 whose mask depends on N's token says `mask_follows`;
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Protocol
 
 from services.common.config import SchedulerConfig
 from services.common.step_descriptors import StepMasks, StepPlan, StepResult
+from services.scheduler.limits import SchedulerCounters
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.speculation import spec_policy
 
@@ -36,10 +38,15 @@ def pipeline_depth(config: SchedulerConfig) -> int:
 
 
 class StepPipeline:
-    def __init__(self, executor: StepExecutor, depth: int) -> None:
+    """The steps in flight, oldest first; counts each answered step's time in `counters`."""
+
+    def __init__(self, executor: StepExecutor, depth: int, counters: SchedulerCounters) -> None:
         self._executor = executor
         self.depth = depth
+        self._counters = counters
         self._in_flight: deque[StepPlan] = deque()
+        self._sent_s: deque[float] = deque()  # when each step in flight was sent
+        self._last_answer_s = 0.0
 
     @property
     def busy(self) -> bool:
@@ -52,9 +59,11 @@ class StepPipeline:
     def clear(self) -> None:
         """The workers are gone, and with them every step in flight."""
         self._in_flight.clear()
+        self._sent_s.clear()
 
     async def send(self, plan: StepPlan) -> None:
         self._in_flight.append(plan)
+        self._sent_s.append(time.perf_counter())
         await self._executor.send(plan)
 
     async def complete_oldest(self, scheduler: Scheduler) -> None:
@@ -62,6 +71,7 @@ class StepPipeline:
         plan = self._in_flight[0]
         result = await self._executor.receive(plan)
         self._in_flight.popleft()
+        self._count_time(self._sent_s.popleft(), result)
         if result.error:
             scheduler.fail_step(plan, result.error)
         else:
@@ -71,3 +81,11 @@ class StepPipeline:
             masks = scheduler.follow_masks(following)
             if masks is not None:
                 await self._executor.send_masks(following, masks)
+
+    def _count_time(self, sent_s: float, result: StepResult) -> None:
+        """The step's time from its send, or from the previous answer when it was already in
+        flight then (the workers started it as soon as they were done with that one)."""
+        now = time.perf_counter()
+        self._counters.step_seconds_total += now - max(sent_s, self._last_answer_s)
+        self._counters.worker_forward_seconds_total += result.forward_ns / 1e9
+        self._last_answer_s = now

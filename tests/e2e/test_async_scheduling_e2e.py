@@ -70,3 +70,6 @@ def test_async_scheduling_answers_exactly_what_the_sequential_loop_answers(
     for each in (stack, sequential_stack):
         assert wait_for(lambda: is_idle(scheduler_state(each.scheduler_address)), 10), \
             describe_usage(scheduler_state(each.scheduler_address))
+        # The workers' compute is part of the step time the scheduler counted, never more.
+        state = scheduler_state(each.scheduler_address)
+        assert 0 < state.worker_forward_seconds_total <= state.step_seconds_total

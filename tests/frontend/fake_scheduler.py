@@ -196,7 +196,8 @@ class _Servicer(scheduler_pb2_grpc.SchedulerServicer):
             partitions=[pb.PartitionUsage(partition_id=0, groups=[usage], running_requests=3,
                                           prefix_cache_queries=900, prefix_cache_hits=600)],
             preemptions_total=4, steps_total=10, prefix_cache_queries_total=900,
-            prefix_cache_hits_total=600, constrained_preemptions_total=1)
+            prefix_cache_hits_total=600, constrained_preemptions_total=1,
+            step_seconds_total=2.5, worker_forward_seconds_total=2.0)
 
 
 class GatewayServer:

@@ -261,6 +261,8 @@ def test_metrics_report_scheduler_gauges_and_latency_histograms(client, fake, ht
     assert samples[("dsv4serve:constrained_preemptions_total", None)].value == 1
     assert samples[("dsv4serve:partition_prefix_cache_blocks", None)].value == 40
     assert samples[("dsv4serve:partition_prefix_cache_hits_total", None)].value == 600
+    assert samples[("dsv4serve:step_seconds_total", None)].value == 2.5
+    assert samples[("dsv4serve:worker_forward_seconds_total", None)].value == 2.0
 
 def test_a_plain_x_request_id_is_echoed_and_anything_else_replaced(http, fake):
     fake.enqueue(Script(text="Hi."), Script(text="Hi."))

@@ -56,6 +56,8 @@ class FakeWorkerSpec:
     serving: bool = True  # its grpc.health.v1 status
     # When set, the fake model answers EOS right after this token.
     eos_after_token: Optional[int] = None
+    # Simulated compute: each step is answered this much later, and reports it as its forward.
+    step_s: float = 0.0
 
 
 @dataclass
@@ -135,6 +137,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 if awaiting_masks is None or awaiting_masks.step_id != request.masks.step_id:
                     self._violate(f"masks of step {request.masks.step_id} nobody awaits")
                     continue
+                await self._compute()
                 yield self.run_step(awaiting_masks, {m.seq_id: m for m in request.masks.rows})
                 awaiting_masks = None
                 continue
@@ -145,7 +148,12 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             if any(row.mask_follows for row in request.rows):
                 awaiting_masks = request  # the forward would run now; sampling awaits the masks
                 continue
+            await self._compute()
             yield self.run_step(request)
+
+    async def _compute(self) -> None:
+        if self.spec.step_s:
+            await asyncio.sleep(self.spec.step_s)
 
     def run_step(self, request: worker_pb2.StepRequest,
                  masks: Optional[dict[int, worker_pb2.RowMask]] = None) -> worker_pb2.StepResponse:
@@ -171,7 +179,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                 token = self._sample(self.live[row.seq_id].tokens, self._mask(row, masks or {}))
                 self.last_sampled[row.seq_id] = token
                 results.append(worker_pb2.RowResult(seq_id=row.seq_id, sampled_token_id=token))
-        return worker_pb2.StepResponse(step_id=request.step_id, results=results, forward_ns=1)
+        return worker_pb2.StepResponse(step_id=request.step_id, results=results,
+                                       forward_ns=max(1, int(self.spec.step_s * 1e9)))
 
     def _mask(self, row: worker_pb2.ScheduledRow,
               masks: dict[int, worker_pb2.RowMask]) -> worker_pb2.TokenMask:

@@ -79,6 +79,29 @@ def test_sixteen_concurrent_requests_equal_each_alone():
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_step_time_counts_each_moment_once_and_the_workers_compute_within_it(async_scheduling):
+    """With two steps in flight, a step's time starts at the previous answer, not at its send:
+    the total never exceeds the time the stack was stepping, and holds the workers' compute."""
+    step_s = 0.02
+
+    async def scenario():
+        async with running_stack((FakeWorkerSpec(step_s=step_s),),
+                                 async_scheduling=async_scheduling) as stack:
+            before = await stack.state()
+            started = time.perf_counter()
+            await asyncio.gather(*(stack.generate(f"r{i}", [5, 6, 7 + i], 12) for i in range(3)))
+            after = await stack.wait_idle()  # the step that finishes the sequences included
+            return before, after, time.perf_counter() - started
+
+    before, after, stepping_s = asyncio.run(scenario())
+    steps = after.steps_total - before.steps_total
+    forward_s = after.worker_forward_seconds_total - before.worker_forward_seconds_total
+    step_time_s = after.step_seconds_total - before.step_seconds_total
+    assert forward_s == pytest.approx(steps * step_s)
+    assert forward_s <= step_time_s <= stepping_s
+
+
 @pytest.mark.parametrize("described_bound, most_running", [(2, 2), (0, 5)])
 def test_runs_no_more_sequences_than_the_worker_sized_its_drafter_state_for(described_bound,
                                                                             most_running):

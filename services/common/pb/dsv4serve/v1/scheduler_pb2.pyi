@@ -247,7 +247,7 @@ class RequestSummary(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., partition_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., constrained: _Optional[bool] = ..., cached_tokens: _Optional[int] = ..., spec_verify_rows: _Optional[int] = ..., spec_drafted_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class GetSchedulerStateResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total", "prefix_caching_enabled", "prefix_cache_queries_total", "prefix_cache_hits_total", "constrained_preemptions_total", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "spec_decode_num_forced_tokens", "num_live_draft_states")
+    __slots__ = ("num_waiting", "num_running", "num_grammar_pending", "num_live_matchers", "num_constrained_running", "partitions", "workers", "steps_total", "preemptions_total", "stall_rejections_total", "grammar_cache_entries", "requests", "prompt_tokens_total", "generation_tokens_total", "prefix_caching_enabled", "prefix_cache_queries_total", "prefix_cache_hits_total", "constrained_preemptions_total", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "spec_decode_num_forced_tokens", "num_live_draft_states", "step_seconds_total", "worker_forward_seconds_total")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_GRAMMAR_PENDING_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +272,8 @@ class GetSchedulerStateResponse(_message.Message):
     SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
     SPEC_DECODE_NUM_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_LIVE_DRAFT_STATES_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FORWARD_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_grammar_pending: int
@@ -296,7 +298,9 @@ class GetSchedulerStateResponse(_message.Message):
     spec_decode_num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
     spec_decode_num_forced_tokens: int
     num_live_draft_states: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., prefix_caching_enabled: _Optional[bool] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., constrained_preemptions_total: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., spec_decode_num_forced_tokens: _Optional[int] = ..., num_live_draft_states: _Optional[int] = ...) -> None: ...
+    step_seconds_total: float
+    worker_forward_seconds_total: float
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_grammar_pending: _Optional[int] = ..., num_live_matchers: _Optional[int] = ..., num_constrained_running: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionUsage, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., steps_total: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., stall_rejections_total: _Optional[int] = ..., grammar_cache_entries: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestSummary, _Mapping]]] = ..., prompt_tokens_total: _Optional[int] = ..., generation_tokens_total: _Optional[int] = ..., prefix_caching_enabled: _Optional[bool] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., constrained_preemptions_total: _Optional[int] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., spec_decode_num_forced_tokens: _Optional[int] = ..., num_live_draft_states: _Optional[int] = ..., step_seconds_total: _Optional[float] = ..., worker_forward_seconds_total: _Optional[float] = ...) -> None: ...
 
 class GetRequestStateRequest(_message.Message):
     __slots__ = ("request_id",)
