@@ -78,7 +78,8 @@ def _set_rows(params: DemoParameters, vocab: TrainedVocab, embed: torch.Tensor,
     # Per row, the base that zeroes Δe is e − s·space_embed, the one that zeroes Δh is
     # h/g − s·space_head; weighting them 1 and g² gives the least-squares base of one row,
     # and a base's rows are averaged.
-    per_row = ((embed - s * space_embed) + gain ** 2 * (head / gain - s * space_head)) / (1 + gain ** 2)
+    per_row = ((embed - s * space_embed) + gain ** 2 * (head / gain - s * space_head)
+               ) / (1 + gain ** 2)
     bases = torch.zeros_like(params.bases).index_add_(0, vocab.base, per_row)
     counts = torch.zeros(params.bases.shape[0]).index_add_(0, vocab.base, torch.ones(len(vocab)))
     params.bases.copy_(bases / counts[:, None])

@@ -97,7 +97,8 @@ def test_a_warm_started_span_phase_runs_on_its_own_warm_up_after_the_copy_phase(
     300 of its planned 600 steps, then the span phase."""
     settings = TrainSettings(copy_steps=300, copy_cosine_steps=600, span_steps=400)
     assert settings.phase(699) == COPY and settings.phase(700) == SPAN
-    assert settings.learning_rate_at(700) == settings.span_learning_rate / settings.span_warmup_steps
+    warmup = settings.span_warmup_steps
+    assert settings.learning_rate_at(700) == settings.span_learning_rate / warmup
     assert settings.total_steps == 1100
     saved = vars(settings)
     assert continues(saved, settings, 725)
