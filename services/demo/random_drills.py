@@ -6,10 +6,17 @@ recalled from training — each one is new — so only copying the prompt's toke
 data on which small transformers form induction (copy) heads. A string is kept only if the
 prompt's tokenization spells it with exactly the drawn ids (BPE may merge neighbours), so the
 completion copies them token for token.
+
+The span phase's variants (`repeats`, `shared`) make a copy find where a value starts and where it
+ends, which copying by content alone does not: a string with a repeated token (after "a b a" the
+next token is the one after the *second* "a") and calls whose values are drawn from a few tokens
+shared by every value of the scene (the request holds other values made of the same tokens, and
+words after a value that could continue it).
 """
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator, Example, Scene, tool_json
 from services.demo.encode import SPACE, SceneEncoder, contains_run
@@ -19,6 +26,7 @@ from services.demo.vocab import TrainedVocab
 REPEAT_PROMPTS = ("Repeat after me: {value}", "Please repeat this: {value}", "Echo: {value}",
                   "Copy this exactly: {value}")   # the value follows a space in every one
 MIN_TOKENS, MAX_TOKENS = 2, 8
+SHARED_PIECES = (4, 8, 16)   # tokens a span scene's values are drawn from
 
 
 class RandomDrills:
@@ -35,45 +43,67 @@ class RandomDrills:
         self.firsts = [i for i in self.pieces if texts[i].startswith(SPACE)
                        and encoder.tokenizer.token_to_id(texts[i][1:]) in trained]
 
-    def scene(self, index: int, count: int, held_out: bool = False) -> Scene:
+    def scene(self, index: int, count: int, held_out: bool = False, repeats: bool = False
+              ) -> Scene:
         """`count` drills "Repeat after me: <random string>" answered by the string (no tools,
         chat mode: the completion is the copied tokens and the token that ends the turn); none
-        if the vocabulary has no word-like token in both its spaced and bare forms."""
-        rng = random.Random(f"{self.seed}:{held_out}:random-drill:{index}")
+        if the vocabulary has no word-like token in both its spaced and bare forms. With
+        `repeats`, every string of 3 tokens or more repeats one of its earlier tokens."""
+        tag = "repeat-drill" if repeats else "random-drill"
+        rng = random.Random(f"{self.seed}:{held_out}:{tag}:{index}")
         examples = []
         for _ in range(count if self.firsts else 0):
-            user, value = self._request(rng)
+            user, value = self._request(rng, repeats)
             examples.append(Example("chat", [{"role": "user", "content": user}],
                                     {"role": "assistant", "content": value}, False, [value]))
         return Scene(None, [], examples)
 
-    def call_scene(self, index: int, count: int) -> Scene:
+    def call_scene(self, index: int, count: int, shared: bool = False) -> Scene:
         """A scene of `count` tool-call requests (2–5 declared tools) whose free-text argument
-        values are random strings: the copy of the drills, inside the call format."""
-        generator = DialogGenerator(self.seed, False, strings=self._string)
-        rng = random.Random(f"{self.seed}:random-call:{index}")
+        values are random strings: the copy of the drills, inside the call format. With
+        `shared`, every value of the scene is drawn from a few tokens (SHARED_PIECES) and may
+        repeat one of them."""
+        rng = random.Random(f"{self.seed}:{'span' if shared else 'random'}-call:{index}")
+        strings = self._shared_strings(rng) if shared else self._string
+        generator = DialogGenerator(self.seed, False, strings=strings)
         specs = rng.sample(CATALOG, rng.randint(2, 5))
         tools = [tool_json(spec, rng, False) for spec in specs]
         chosen = [rng.randrange(len(specs)) for _ in range(count)]
         return Scene(rng.choice(SYSTEM_PROMPTS), tools,
                      [generator.call_example(rng, specs[k], tools[k]) for k in chosen])
 
-    def _request(self, rng: random.Random) -> tuple[str, str]:
+    def _request(self, rng: random.Random, repeats: bool = False) -> tuple[str, str]:
         while True:
-            ids = self._ids(rng)
+            ids = self._ids(rng, self.firsts, self.pieces, repeats)
             value = self.encoder.tokenizer.decode(ids)[1:]
             user = rng.choice(REPEAT_PROMPTS).format(value=value)
             if contains_run(self.encoder.encode(user), ids):
                 return user, value
 
-    def _ids(self, rng: random.Random) -> list[int]:
-        return [rng.choice(self.firsts)] + [rng.choice(self.pieces)
-                                            for _ in range(rng.randint(MIN_TOKENS, MAX_TOKENS) - 1)]
+    @staticmethod
+    def _ids(rng: random.Random, firsts: list[int], pieces: list[int], repeats: bool = False
+             ) -> list[int]:
+        ids = [rng.choice(firsts)] + [rng.choice(pieces)
+                                      for _ in range(rng.randint(MIN_TOKENS, MAX_TOKENS) - 1)]
+        if repeats and len(ids) >= 3:
+            later = rng.randrange(2, len(ids))
+            ids[later] = ids[rng.randrange(1, later)]
+        return ids
 
     def _string(self, rng: random.Random) -> str:
         """A random string for a call's argument (a request template may tokenize it otherwise:
         then its completion copies canonical tokens, encode.py)."""
-        return self.encoder.tokenizer.decode(self._ids(rng))[1:]
+        return self.encoder.tokenizer.decode(self._ids(rng, self.firsts, self.pieces))[1:]
+
+    def _shared_strings(self, rng: random.Random) -> Callable[[random.Random], str]:
+        """A maker of random strings over a few tokens drawn once with `rng` (for one scene)."""
+        firsts = rng.sample(self.firsts, 2)
+        pieces = firsts + rng.sample(self.pieces, rng.choice(SHARED_PIECES))
+
+        def shared_string(draw: random.Random) -> str:
+            ids = self._ids(draw, firsts, pieces, repeats=draw.random() < 0.5)
+            return self.encoder.tokenizer.decode(ids)[1:]
+        return shared_string
 
 
 def _word_like(text: str) -> bool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-FIRST, COPY, INDUCTION = "first", "copy", "induction"
+FIRST, COPY, INDUCTION, SPAN = "first", "copy", "induction", "span"
 # Settings a state saved by an older trainer lacks, with the values it ran under.
-LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0}
+LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0}
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,27 @@ class TrainSettings:
     # (random_drills.RandomDrills.call_scene).
     random_calls: int = 12
     random_calls_from: int = 900
+    # The span phase after those (usually from a warm start, warm_start.py): every step learns
+    # the copy phase's stream, `span_calls` tool calls whose free-text values are random strings
+    # sharing tokens (span_drills.py), and `span_drills` random-string drills with repeated
+    # tokens, so that a copy must find where a value starts and ends, not only what it holds.
+    # Its own warm-up and cosine from `span_learning_rate`.
+    span_steps: int = 0
+    span_calls: int = 12
+    span_drills: int = 16
+    span_learning_rate: float = 1e-3
+    span_warmup_steps: int = 20
 
     @property
     def total_steps(self) -> int:
-        return self.steps + self.copy_steps + self.induction_steps
+        return self.steps + self.copy_steps + self.induction_steps + self.span_steps
 
     def phase(self, index: int) -> str:
         if index < self.steps:
             return FIRST
-        return COPY if index < self.steps + self.copy_steps else INDUCTION
+        if index < self.steps + self.copy_steps:
+            return COPY
+        return INDUCTION if index < self.steps + self.copy_steps + self.induction_steps else SPAN
 
     def mixes_stream(self, index: int) -> bool:
         """Whether an induction-phase step also learns the copy phase's stream."""
@@ -73,8 +85,11 @@ class TrainSettings:
         if phase == COPY:
             return warmup_cosine(index - self.steps, self.copy_cosine_steps or self.copy_steps,
                                  self.copy_warmup_steps, self.copy_learning_rate)
-        return warmup_cosine(index - self.steps - self.copy_steps, self.induction_steps,
-                             self.induction_warmup_steps, self.induction_learning_rate)
+        if phase == INDUCTION:
+            return warmup_cosine(index - self.steps - self.copy_steps, self.induction_steps,
+                                 self.induction_warmup_steps, self.induction_learning_rate)
+        return warmup_cosine(index - self.steps - self.copy_steps - self.induction_steps,
+                             self.span_steps, self.span_warmup_steps, self.span_learning_rate)
 
 
 def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
@@ -84,7 +99,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     before = TrainSettings(**{**asdict(current), **LEGACY_SETTINGS, **saved})
     data = ("seed", "steps", "examples_per_scene", "mtp_weight", "clip_norm")
     by_phase = {COPY: ("long_drills", "key_weight"),
-                INDUCTION: ("long_drills", "key_weight", "random_drills")}
+                INDUCTION: ("long_drills", "key_weight", "random_drills"),
+                SPAN: ("long_drills", "key_weight", "span_calls", "span_drills")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -24,7 +24,7 @@ from services.demo.architecture import demo_config_json
 from services.demo.evaluate import copy_accuracy, copy_evalsets, heldout_scenes, teacher_forced
 from services.demo.params import stored_tensors
 from services.demo.plots import write_plots
-from services.demo.trainer import TrainSettings, Trainer
+from services.demo.trainer import TrainSettings, Trainer, WarmStart
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -40,6 +40,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="length of the copy phase's cosine (0: --copy-steps)")
     parser.add_argument("--induction-steps", type=int, default=defaults.induction_steps,
                         help="steps of the induction phase after those (random-string drills)")
+    parser.add_argument("--span-steps", type=int, default=defaults.span_steps,
+                        help="steps of the span phase after those (random-string calls and "
+                             "drills with repeated tokens, beside the copy phase's stream)")
+    parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
+                        help="start a new run from a compact checkpoint (e.g. "
+                             f"{export.COMPACT_DIR}) instead of seeded weights; ignored when "
+                             "OUT_DIR holds a saved state, which resumes")
+    parser.add_argument("--warm-start-step", type=int, default=0, metavar="STEP",
+                        help="the step the --warm-start checkpoint was saved after (the "
+                             "committed one: 700); the run continues the schedule from there")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -56,7 +66,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="how many of them the final teacher-forced evaluation scores")
     parser.add_argument("--install", action="store_true",
                         help=f"copy the result into {export.COMPACT_DIR} (the default model)")
-    return parser.parse_args(list(argv))
+    args = parser.parse_args(list(argv))
+    if args.warm_start and not args.warm_start_step:
+        parser.error("--warm-start needs --warm-start-step")
+    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -65,10 +78,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
                              copy_cosine_steps=args.copy_cosine_steps,
-                             induction_steps=args.induction_steps,
+                             induction_steps=args.induction_steps, span_steps=args.span_steps,
                              examples_per_scene=args.examples_per_scene)
-    trainer = Trainer(args.out_dir, settings)
+    warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
+    trainer = Trainer(args.out_dir, settings, warm_start)
     evalsets = copy_evalsets(trainer, args.eval_count)
+    if warm_start and not trainer.history:
+        # The copy metric of the checkpoint as loaded, before any step: the run's baseline.
+        trainer.history.append(_copy_eval(trainer, evalsets))
+        tqdm.write(json.dumps(trainer.history[-1]))
     last = min(settings.total_steps, args.stop_after or settings.total_steps)
     with tqdm(total=settings.total_steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < last:

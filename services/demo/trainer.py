@@ -7,7 +7,7 @@ stream and schedule.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -21,8 +21,9 @@ from services.demo.evaluate import heldout_scenes
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.random_drills import RandomDrills
-from services.demo.schedule import FIRST, INDUCTION, TrainSettings, continues
+from services.demo.schedule import FIRST, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
+from services.demo.warm_start import load_compact
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
@@ -32,8 +33,20 @@ DELTA_WEIGHT_DECAY = 0.1
 HELDOUT_GUARD = 200   # held-out prompts whose values the copy phase never trains on (≥ the bench's)
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """Start a run from a compact checkpoint (warm_start.py) as if `step` steps had run: the
+    stream and schedule go on from there, with a fresh optimizer."""
+
+    compact_dir: Path
+    step: int
+
+
 class Trainer:
-    def __init__(self, out_dir: Path, settings: TrainSettings):
+    def __init__(self, out_dir: Path, settings: TrainSettings,
+                 warm_start: Optional[WarmStart] = None):
+        """Resumes `out_dir`'s saved state if there is one; otherwise starts from `warm_start`
+        if given, else from step 0 with seeded weights."""
         self.out_dir = out_dir
         self.settings = settings
         self.config = demo_config()
@@ -58,6 +71,10 @@ class Trainer:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_index, self.history = saved["step"], saved["history"]
+        elif warm_start:
+            self.hash_table = load_compact(self.params, self.vocab, self.specs,
+                                           warm_start.compact_dir)
+            self.step_index = warm_start.step
 
     def model(self, quantized: bool = True, rows: Optional[RowMap] = None) -> DeepseekV4:
         tensors = model_tensors(self.params, self.vocab, self.specs, self.hash_table, quantized,
@@ -93,6 +110,9 @@ class Trainer:
         phase = self.settings.phase(index)
         scenes = ([self.random_drills.scene(index, self.settings.random_drills)]
                   if phase == INDUCTION else [])
+        if phase == SPAN:
+            scenes += [self.random_drills.call_scene(index, self.settings.span_calls, shared=True),
+                       self.random_drills.scene(index, self.settings.span_drills, repeats=True)]
         if self.settings.random_calls_at(index):
             scenes.append(self.random_drills.call_scene(index, self.settings.random_calls_at(index)))
         if phase != INDUCTION or self.settings.mixes_stream(index):

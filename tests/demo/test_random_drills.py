@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from services.demo import export
 from services.demo.encode import SceneEncoder, contains_run
 from services.demo.random_drills import MAX_TOKENS, MIN_TOKENS, RandomDrills
-from services.demo.schedule import COPY, INDUCTION, TrainSettings, continues
+from services.demo.schedule import COPY, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.vocab import tie_structure
 
 
@@ -63,3 +63,43 @@ def test_a_copy_phase_state_continues_into_the_induction_phase_on_its_own_schedu
     assert mixed[0] == 825 and len(mixed) == 125
     assert [current.random_calls_at(i) for i in (899, 900)] == [0, current.random_calls]
     assert TrainSettings().random_calls_at(950) == 0   # the default copy phase: no random calls
+
+
+def test_a_repeat_drill_string_repeats_one_of_its_tokens_and_is_copied_token_for_token(
+        drills: RandomDrills) -> None:
+    scene = drills.encoder.scene(drills.scene(5, 40, repeats=True))
+    long_ones = 0
+    for item in scene.examples:
+        copied = item.completion_ids[:-1]
+        assert contains_run(item.prompt_ids, copied[1:])
+        if len(copied) >= 3:
+            long_ones += 1
+            assert len(set(copied)) < len(copied), drills.encoder.tokenizer.decode(copied)
+    assert long_ones > 20
+
+
+def test_span_calls_draw_every_value_of_a_scene_from_a_few_shared_tokens(
+        drills: RandomDrills) -> None:
+    """Random calls' values have mostly distinct tokens; a span scene's values reuse a few."""
+    def distinct_and_total(scene) -> tuple[int, int]:
+        ids = [t for e in scene.examples for v in e.novel_values
+               for t in drills.encoder.encode(" " + v)]
+        return len(set(ids)), len(ids)
+
+    shared, shared_total = distinct_and_total(drills.call_scene(3, 40, shared=True))
+    spread, spread_total = distinct_and_total(drills.call_scene(3, 40))
+    assert shared_total > 100 and spread_total > 100
+    assert shared < shared_total / 3 and spread > spread_total / 2
+
+
+def test_a_warm_started_span_phase_runs_on_its_own_warm_up_after_the_copy_phase() -> None:
+    """The span run of docs/demo-model.md: the committed step-700 weights, the copy phase cut at
+    300 of its planned 600 steps, then the span phase."""
+    settings = TrainSettings(copy_steps=300, copy_cosine_steps=600, span_steps=400)
+    assert settings.phase(699) == COPY and settings.phase(700) == SPAN
+    warmup = settings.span_warmup_steps
+    assert settings.learning_rate_at(700) == settings.span_learning_rate / warmup
+    assert settings.total_steps == 1100
+    saved = vars(settings)
+    assert continues(saved, settings, 725)
+    assert not continues({**saved, "span_calls": 4}, settings, 725)

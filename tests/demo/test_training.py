@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from services.demo import export
+from services.demo.architecture import demo_config_json
+from services.demo.params import model_tensors, stored_tensors
 from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main
-from services.demo.trainer import STATE_FILE, Trainer, TrainSettings
+from services.demo.trainer import STATE_FILE, Trainer, TrainSettings, WarmStart
 
 TINY_RUN = TrainSettings(steps=2, examples_per_scene=2)
 
@@ -89,3 +92,41 @@ def test_an_induction_phase_step_learns_random_drills_and_every_mix_every_th_the
     assert kinds[0][0] == 4 and len(kinds[0]) > 1 and kinds[1] == [4]
     trainer.step_index = 1
     assert trainer.train_step()["lr"] == settings.induction_learning_rate / 10
+
+
+def _exported(trainer: Trainer, out: Path) -> Path:
+    stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
+    return export.write_compact(out, demo_config_json(), stored, trainer.vocab.ids,
+                                trainer.hash_table)
+
+
+def _served_tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return model_tensors(trainer.params, trainer.vocab, trainer.specs, trainer.hash_table,
+                             quantized=True, rows=trainer.vocab.rows())
+
+
+def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
+        tmp_path: Path) -> None:
+    """Dequantized body, the stored vocabulary rows (refitted into tied bases and deltas): the
+    quantization-aware model is bit-equal to the one that wrote the checkpoint; the schedule goes
+    on from the given step, with a fresh optimizer."""
+    source = Trainer(tmp_path / "source", TINY_RUN)
+    source.train_step()
+    compact = _exported(source, tmp_path / "compact")
+    warm = Trainer(tmp_path / "warm", TINY_RUN, WarmStart(compact, 1))
+    assert warm.step_index == 1 and not warm.optimizer.state
+    assert bool(warm.vocab.spaced.any())   # the refit has spaced/bare twins to share bases
+    expected, loaded = _served_tensors(source), _served_tensors(warm)
+    assert expected.keys() == loaded.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, loaded[name]), name
+    assert warm.train_step()["step"] == 2
+
+
+def test_a_warm_start_from_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    source = Trainer(tmp_path / "source", TINY_RUN)
+    compact = _exported(source, tmp_path / "compact")
+    with pytest.raises(ValueError, match="another vocabulary"):
+        Trainer(tmp_path / "other", TrainSettings(steps=3, examples_per_scene=2),
+                WarmStart(compact, 3))

@@ -1,0 +1,91 @@
+"""Warm start: master weights from a compact checkpoint (`export.write_compact`'s form).
+
+A run can start from shipped weights instead of step 1 (`dsv4serve train-demo --warm-start DIR`):
+every body tensor is dequantized from its stored form (FP8 blocks, FP4 rows, bf16, f32) into the
+float32 master weight, so the quantization-aware forward sees exactly the stored values again
+(re-quantizing a dequantized block gives back the same values; an FP4 block whose largest code is
+small may come back as half the scale and doubled codes). The trained vocabulary
+rows are kept as they are: the compact form stores the rows, not the tied parameters they were
+built from (`vocab.py`), so each base vector and the two space directions are refitted by least
+squares over the rows that share them, and the per-row deltas take the rest. The rows come out
+equal to the stored ones, and weight decay on the deltas pulls, as in the original run, towards
+the tied rows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from services.demo.params import DemoParameters, storage_kind
+from services.demo.vocab import TrainedVocab
+from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec
+from services.worker.model.dequant import DEFAULT_FP8_BLOCK, dequant_fp4_rows, dequant_fp8_blocks
+
+
+def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, TensorSpec],
+                 compact_dir: Path) -> torch.Tensor:
+    """Overwrite `params` (in place, so an optimizer built on them keeps its references) with
+    the compact checkpoint in `compact_dir`; returns its hash-routing table. Raises ValueError if
+    the checkpoint's trained ids are not `vocab`'s."""
+    body = load_file(str(compact_dir / "body.safetensors"))
+    rows = load_file(str(compact_dir / "vocab.safetensors"))
+    if not torch.equal(rows["ids"].to(torch.int64), vocab.ids):
+        raise ValueError(f"{compact_dir} was trained on another vocabulary "
+                         f"({rows['ids'].numel()} ids, this run has {len(vocab)})")
+    with torch.no_grad():
+        for name, master in params.body_tensors().items():
+            master.copy_(dequantized(name, body, specs))
+        _set_rows(params, vocab, rows["embed"].float(), rows["head"].float())
+    return rows["hash_table"]
+
+
+def dequantized(name: str, stored: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
+                ) -> torch.Tensor:
+    """float32 values of the stored tensor `name` (with its `.scale` companion if quantized)."""
+    kind = storage_kind(name, specs)
+    weight = stored[name]
+    if kind == "fp8":
+        scale = stored[name.removesuffix(".weight") + SCALE_SUFFIX]
+        return dequant_fp8_blocks(weight, scale, DEFAULT_FP8_BLOCK, torch.float32)
+    if kind == "fp4":
+        return dequant_fp4_rows(weight, stored[name.removesuffix(".weight") + SCALE_SUFFIX],
+                                torch.float32)
+    return weight.float()
+
+
+def _set_rows(params: DemoParameters, vocab: TrainedVocab, embed: torch.Tensor,
+              head: torch.Tensor) -> None:
+    """Tied parameters and deltas whose rows (`DemoParameters.embed_rows`/`head_rows`) are
+    `embed` and `head` [Vt, D].
+
+    embed = base + s·space_embed + Δe and head = (base + s·space_head)·g + Δh (g = D^-½, s = 1
+    for a spaced token with a bare twin). The space directions are the mean spaced − bare
+    difference of the twins; each base minimises |Δe|² + |Δh|² over its rows."""
+    gain = params.bases.shape[1] ** -0.5
+    spaced = vocab.spaced.bool()
+    twin_of = {int(b): n for n, b in enumerate(vocab.base.tolist()) if not spaced[n]}
+    pairs = [(n, twin_of[int(vocab.base[n])]) for n in torch.nonzero(spaced).flatten().tolist()
+             if int(vocab.base[n]) in twin_of]
+    space_embed = torch.zeros_like(params.space_embed)
+    space_head = torch.zeros_like(params.space_head)
+    if pairs:
+        with_space, bare = (torch.tensor(side) for side in zip(*pairs))
+        space_embed = (embed[with_space] - embed[bare]).mean(dim=0)
+        space_head = (head[with_space] - head[bare]).mean(dim=0) / gain
+    s = vocab.spaced[:, None]
+    # Per row, the base that zeroes Δe is e − s·space_embed, the one that zeroes Δh is
+    # h/g − s·space_head; weighting them 1 and g² gives the least-squares base of one row,
+    # and a base's rows are averaged.
+    per_row = ((embed - s * space_embed) + gain ** 2 * (head / gain - s * space_head)
+               ) / (1 + gain ** 2)
+    bases = torch.zeros_like(params.bases).index_add_(0, vocab.base, per_row)
+    counts = torch.zeros(params.bases.shape[0]).index_add_(0, vocab.base, torch.ones(len(vocab)))
+    params.bases.copy_(bases / counts[:, None])
+    params.space_embed.copy_(space_embed)
+    params.space_head.copy_(space_head)
+    params.embed_delta.zero_()
+    params.head_delta.zero_()
+    params.embed_delta.copy_(embed - params.embed_rows(vocab))
+    params.head_delta.copy_(head - params.head_rows(vocab))
