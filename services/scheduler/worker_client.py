@@ -66,6 +66,10 @@ class WorkerSet:
         # a world of several workers (its old collectives may be stuck on a lost peer).
         self._world_round = 0
         self._world_current = False
+        # The last round a formation was tried with, formed or not: a failed attempt leaves its
+        # ranks' addresses under the round's prefix in the world's TCPStore, so a retry under the
+        # same number would rendezvous with ranks that are gone. Every attempt takes a new number.
+        self._round_tried = 0
         # Counts the times the set became ready: descriptions fetched before the latest time
         # describe another world and are not held against it.
         self._readiness_epoch = 0
@@ -133,7 +137,8 @@ class WorkerSet:
         if not needs_join(described) or (self._world_current and len(rounds) == 1
                                          and 0 not in rounds):
             return True
-        round_ = max(rounds | {self._world_round}) + 1
+        round_ = max(rounds | {self._world_round, self._round_tried}) + 1
+        self._round_tried = round_
         log.info("forming world round %d over %d workers", round_, len(self._connections))
         outcomes = await asyncio.gather(
             *(c.join_world(round_, self._timeouts.join_s) for c in self._connections),

@@ -58,6 +58,8 @@ class FakeWorkerSpec:
     eos_after_token: Optional[int] = None
     # Simulated compute: each step is answered this much later, and reports it as its forward.
     step_s: float = 0.0
+    # The first this many JoinWorld calls fail (UNAVAILABLE), as a join that timed out.
+    join_failures: int = 0
 
 
 @dataclass
@@ -93,6 +95,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         # A worker driving part of the world waits for JoinWorld, as the real one does.
         self.world_round = 1 if self.dp == len(spec.partition_ids) else 0
         self.joined_rounds: list[int] = []
+        self.join_attempts: list[int] = []  # every JoinWorld's round, failed ones included
         # (partition, group, block) → prefix hash of the tokens whose rows the block holds
         self.contents: dict[tuple[int, str, int], int] = {}
 
@@ -121,6 +124,10 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             max_num_seqs=s.max_num_seqs, instance_id=self.instance_id)
 
     async def JoinWorld(self, request, context):
+        self.join_attempts.append(request.round)
+        if len(self.join_attempts) <= self.spec.join_failures:
+            self.world_round = 0
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "joining timed out")
         self.world_round = request.round
         self.joined_rounds.append(request.round)
         return worker_pb2.JoinWorldResponse(round=request.round)

@@ -71,3 +71,16 @@ def test_a_worker_restarted_between_two_probes_is_noticed_and_the_world_formed_a
             assert stack.workers[1].worker.joined_rounds == [2]
             await stack.generate("after", [5, 6, 7], 4)
     asyncio.run(scenario())
+
+
+def test_a_failed_formation_is_retried_under_a_new_round_number():
+    """The failed attempt's ranks left their addresses under its round in the world's store: a
+    retry under the same number would rendezvous with them."""
+    async def scenario():
+        specs = (FakeWorkerSpec(partition_ids=(0,), dp=2, join_failures=1),
+                 FakeWorkerSpec(partition_ids=(1,), dp=2, join_failures=1))
+        async with running_stack(specs) as stack:
+            assert [fake.worker.join_attempts for fake in stack.workers] == [[1, 2], [1, 2]]
+            assert [fake.worker.joined_rounds for fake in stack.workers] == [[2], [2]]
+            await stack.generate("after", [5, 6, 7], 4)
+    asyncio.run(scenario())
