@@ -1,7 +1,6 @@
 """This host's rank processes as the group sees them, and how they end (from any thread)."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -53,9 +52,3 @@ def stop_all(ranks: list[RankProcess], timeout_s: float) -> None:
             rank.process.join()
     for rank in ranks:
         rank.conn.close()
-
-
-def all_answered(ranks: list[RankProcess], timeout_s: float) -> bool:
-    """Every rank's pipe holds a message within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    return all(wait([rank.conn], max(0.0, deadline - time.monotonic())) for rank in ranks)

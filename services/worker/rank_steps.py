@@ -9,9 +9,7 @@ idle). N+1's own command then only collects its answers.
 
 A step sent ahead whose own command never runs (its Step stream ended and the command was
 withdrawn) still runs on the ranks; the next command settles it first: its masks (the ended
-stream resolved them empty) and its answers, which nobody reads. JoinWorld waits for them only a
-few seconds (`RankGroup.settle`): answers that do not come mean ranks stuck with a lost peer, and
-those are replaced.
+stream resolved them empty) and its answers, which nobody reads.
 """
 from __future__ import annotations
 

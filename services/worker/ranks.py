@@ -30,8 +30,8 @@ from services.common.step_descriptors import StepPlan, StepResult, merge_results
 from services.worker.rank_messages import (JoinWorld, RankCommand, RankFailed, RankJoined,
                                            RankLoaded, RankSpec, ResetSequences)
 from services.worker.rank_plan import RuntimeFactory, StoreAddress
-from services.worker.rank_processes import (REAP_TIMEOUT_S, RankProcess, all_answered,
-                                             describe_exit, kill_all, stop_all)
+from services.worker.rank_processes import (REAP_TIMEOUT_S, RankProcess, describe_exit, kill_all,
+                                             stop_all)
 from services.worker.rank_process import rank_main
 from services.worker.rank_steps import HandedStep, HandedSteps
 from services.worker.step_stream import LastSampled
@@ -94,12 +94,6 @@ class RankGroup:
         self._steps.hand(step)
         return await self._in_command_thread(self._step_blocking, step)
 
-    async def settle(self, timeout_s: float) -> bool:
-        """Collects the answers of a step sent ahead whose command was withdrawn (rank_steps.py)
-        if they come within `timeout_s`; False when they did not: the ranks may be stuck in a
-        collective with a lost peer."""
-        return await self._in_command_thread(self._settle_within, timeout_s)
-
     async def reset(self) -> None:
         await self._in_command_thread(self._settled, self._broadcast, ResetSequences())
 
@@ -124,8 +118,9 @@ class RankGroup:
 
     @property
     def busy(self) -> bool:
-        """A command is running on the ranks (it may outlive the caller that gave up on it)."""
-        return self._running_commands > 0
+        """A command is running on the ranks, or a step sent ahead (either may outlive the caller
+        that gave up on it)."""
+        return self._running_commands > 0 or self._steps.uncollected is not None
 
     async def _in_command_thread(self, function: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -220,17 +215,13 @@ class RankGroup:
         step.sent = True
         self._steps.uncollected = step
 
-    def _collect(self, step: HandedStep, timeout_s: Optional[float] = None
-                 ) -> Optional[StepResult]:
-        """The step's masks to the partition leaders (when they follow), then their answers;
-        None if they did not all come within `timeout_s`."""
+    def _collect(self, step: HandedStep) -> StepResult:
+        """The step's masks to the partition leaders (when they follow), then their answers."""
         self._steps.uncollected = None
         plan = step.plan
         leaders = [rank for rank in self._ranks if rank.spec.layout.leads_partition]
         if step.masks is not None:
             self._send(leaders, step.masks.result())
-        if timeout_s is not None and not all_answered(leaders, timeout_s):
-            return None
         answers = [self._receive(rank) for rank in leaders]
         for answer in answers:
             if not isinstance(answer, StepResult):
@@ -255,15 +246,6 @@ class RankGroup:
             self._collect(abandoned)
         except RankGroupError:
             self._steps.uncollected = None
-
-    def _settle_within(self, timeout_s: float) -> bool:
-        abandoned = self._steps.uncollected
-        if abandoned is None:
-            return True
-        try:
-            return self._collect(abandoned, timeout_s) is not None
-        except RankGroupError:
-            return True  # the ranks failed: nothing left to collect, the join respawns them
 
     def _broadcast(self, command: RankCommand) -> None:
         self._send(self._ranks, command)

@@ -32,9 +32,6 @@ from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank
 from services.worker.ranks import RankGroup, RankGroupError
 
 _LOG = logging.getLogger(__name__)
-# How long JoinWorld waits for the answers of a step its ended stream had sent ahead before it
-# takes the ranks for stuck and replaces them (a step of the demo or tiny models takes < 0.5 s).
-ABANDONED_STEP_WAIT_S = 5.0
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
@@ -80,7 +77,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if self._ranks.forms_world_alone:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "this worker drives the whole world and forms it alone")
-        if self._ranks.busy or not await self._ranks.settle(ABANDONED_STEP_WAIT_S):
+        if self._ranks.busy:
             # A step of the old world is still running (its Step stream may be gone already): it
             # may wait forever in a collective with a lost peer, and its world is being replaced
             # anyway. Its ranks go; the join below starts new ones.

@@ -83,10 +83,10 @@ def decode(step_id: int, seq_id: int, position: int, **row) -> StepPlan:
 
 
 @pytest.mark.slow  # spawns two ranks
-def test_a_step_sent_ahead_whose_command_was_withdrawn_ran_and_is_collected():
+def test_a_step_sent_ahead_whose_stream_ended_is_collected_before_the_next_command():
     """Step N+1 goes to the ranks, fed N's token, as soon as N is answered (before its own
-    command runs); when that command is withdrawn (its stream ended), its answers are collected
-    before the next command's, and the sequence's state includes it."""
+    command runs); when its command is withdrawn (the stream ended), the next command collects its
+    answers first, so the next stream's steps get their own answers."""
     factory = FakeRuntimeFactory()
     config = two_rank_config()
 
@@ -105,23 +105,22 @@ def test_a_step_sent_ahead_whose_command_was_withdrawn_ran_and_is_collected():
             withdrawn.cancel()  # not started: the second step's command waits for its masks
             masks.set_result(StepMasks(2, (RowMask(3, TokenMask(allowed_token_ids=(42,))),)))
             answers.append(await asyncio.wait_for(second, STEP_TIMEOUT_S))
-            settled = await asyncio.wait_for(ranks.settle(timeout_s=30.0), STEP_TIMEOUT_S)
-            answers.append(await asyncio.wait_for(ranks.step(decode(4, 3, 5), None, last_sampled),
-                                                  STEP_TIMEOUT_S))
-            return answers, settled
+            sent_ahead = ranks.busy  # the third step runs on the ranks, its command withdrawn
+            await ranks.reset()
+            answers.append(await asyncio.wait_for(ranks.step(prefill(4, 5)), STEP_TIMEOUT_S))
+            return answers, sent_ahead, ranks.busy
         finally:
             await ranks.stop()
 
-    (first, second, after), settled = asyncio.run(scenario())
-    assert first.results[0].sampled_token_id == fake_next_token(0, list(PROMPT))
+    (first, second, next_stream), sent_ahead, busy_after = asyncio.run(scenario())
+    token = fake_next_token(0, list(PROMPT))
+    assert first.results[0].sampled_token_id == token
     # Both ranks were fed the same token (the fake's all-reduce agreed); the late mask applied.
-    assert second.results[0].error == "" and second.results[0].sampled_token_id == 42
-    assert settled
-    # Position 5 follows position 4, which only the withdrawn step computed; it was fed that
-    # step's token, and this step got its own answer.
-    withdrawn_token = fake_next_token(4, [42])
-    assert (after.step_id, after.results[0].error) == (4, "")
-    assert after.results[0].sampled_token_id == fake_next_token(5, [withdrawn_token])
+    assert second.results[0].error == ""
+    assert second.results[0].sampled_token_id == 42
+    assert sent_ahead and not busy_after
+    assert (next_stream.step_id, next_stream.results[0].seq_id) == (4, 5)
+    assert next_stream.results[0].sampled_token_id == token
 
 
 @pytest.mark.slow  # spawns a rank that loads the real runtime
