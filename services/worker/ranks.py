@@ -18,9 +18,9 @@ import concurrent.futures
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import wait
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn, Optional
 
 import torch.distributed as dist
@@ -28,19 +28,23 @@ import torch.multiprocessing as torch_mp
 
 from services.common.step_descriptors import StepPlan, StepResult, merge_results
 from services.worker.rank_messages import (JoinWorld, RankCommand, RankFailed, RankJoined,
-                                           RankLoaded, RankSpec, ResetSequences)
+                                           RankLoaded, RankSpec, ResetSequences, Shutdown)
 from services.worker.rank_plan import RuntimeFactory, StoreAddress
-from services.worker.rank_processes import (REAP_TIMEOUT_S, RankProcess, describe_exit, kill_all,
-                                             stop_all)
 from services.worker.rank_process import rank_main
-from services.worker.rank_steps import HandedStep, HandedSteps
-from services.worker.step_stream import LastSampled
 
 _STORE_TIMEOUT = timedelta(seconds=120)
+_REAP_TIMEOUT_S = 5.0
 
 
 class RankGroupError(Exception):
     """A rank failed to start or exited; the message says which and why."""
+
+
+@dataclass
+class _RankProcess:
+    spec: RankSpec
+    process: Any  # torch.multiprocessing SpawnProcess
+    conn: Connection
 
 
 class RankGroup:
@@ -57,7 +61,7 @@ class RankGroup:
         self._factory = factory
         self._store_address = store
         self.forms_world_alone = forms_world_alone
-        self._ranks: list[RankProcess] = []
+        self._ranks: list[_RankProcess] = []
         self._store: Optional[dist.TCPStore] = None
         # Why the group can no longer run steps (a rank exited, stop() began); None while healthy.
         self._failure: Optional[str] = None
@@ -66,7 +70,6 @@ class RankGroup:
         # Spawning and stopping exclude each other, so a stop during start leaves no rank behind.
         self._spawn_lock = threading.Lock()
         self._commands = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rank-commands")
-        self._steps = HandedSteps()
         self._running_commands = 0
         self._count_lock = threading.Lock()
 
@@ -81,21 +84,17 @@ class RankGroup:
 
     async def join(self, round_: int) -> None:
         """(Re)joins the world as round `round_`; raises RankGroupError when a rank cannot."""
-        await self._in_command_thread(self._settled, self._join_blocking, round_)
+        await self._in_command_thread(self._join_blocking, round_)
 
-    async def step(self, plan: StepPlan, masks: Optional[concurrent.futures.Future] = None,
-                   last_sampled: Optional[LastSampled] = None) -> StepResult:
+    async def step(self, plan: StepPlan,
+                   masks: Optional[concurrent.futures.Future] = None) -> StepResult:
         """Runs the step on every rank. `masks` (when the plan's masks follow) resolves to its
         StepMasks: the partition leaders get them once the step is sent, and wait for them only
-        to sample. `last_sampled` feeds the plan's `append_last_sampled` rows on the command
-        thread, right after the step before it was answered (steps run in the order given), and
-        records this step's tokens."""
-        step = HandedStep(plan, masks, last_sampled)
-        self._steps.hand(step)
-        return await self._in_command_thread(self._step_blocking, step)
+        to sample."""
+        return await self._in_command_thread(self._step_blocking, plan, masks)
 
     async def reset(self) -> None:
-        await self._in_command_thread(self._settled, self._broadcast, ResetSequences())
+        await self._in_command_thread(self._broadcast, ResetSequences())
 
     async def wait_for_exit(self) -> str:
         """Returns (with a description) once any of the current rank processes has exited (after a
@@ -118,9 +117,8 @@ class RankGroup:
 
     @property
     def busy(self) -> bool:
-        """A command is running on the ranks, or a step sent ahead (either may outlive the caller
-        that gave up on it)."""
-        return self._running_commands > 0 or self._steps.uncollected is not None
+        """A command is running on the ranks (it may outlive the caller that gave up on it)."""
+        return self._running_commands > 0
 
     async def _in_command_thread(self, function: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -158,7 +156,7 @@ class RankGroup:
                                           name=f"dsv4serve-rank{spec.rank}", daemon=True)
                 process.start()
                 child_conn.close()
-                self._ranks.append(RankProcess(spec, process, parent_conn))
+                self._ranks.append(_RankProcess(spec, process, parent_conn))
         for rank in self._ranks:
             self._expect(rank, RankLoaded, "failed to start")
         if join_round is not None:
@@ -173,7 +171,7 @@ class RankGroup:
 
     def _respawn(self, round_: int) -> None:
         """Replace every local rank (one has exited) with fresh ones that join `round_`."""
-        self._stop_blocking(REAP_TIMEOUT_S)
+        self._stop_blocking(_REAP_TIMEOUT_S)
         self._ranks, self._failure, self.world_round = [], None, 0
         self._spawn_all(round_)
 
@@ -182,7 +180,7 @@ class RankGroup:
             self._expect(rank, RankJoined, f"failed to join world round {round_}")
         self.world_round = round_
 
-    def _expect(self, rank: RankProcess, kind: type, failing: str) -> None:
+    def _expect(self, rank: _RankProcess, kind: type, failing: str) -> None:
         message = self._receive(rank)
         if isinstance(message, RankFailed):
             raise RankGroupError(f"rank {message.rank} {failing}: {message.error}")
@@ -190,76 +188,34 @@ class RankGroup:
             raise RankGroupError(f"rank {rank.spec.rank} sent {type(message).__name__} instead "
                                  f"of {kind.__name__}")
 
-    def _step_blocking(self, step: HandedStep) -> StepResult:
-        self._settle_uncollected(unless=step)
-        self._steps.take(step)
-        if not step.sent:
-            self._send_step(step)
-        result = self._collect(step)
-        following = self._steps.following(step)
-        if following is not None:
-            try:
-                self._send_step(following)
-            except RankGroupError:
-                pass  # its own command reports the failure
-        return result
-
-    def _send_step(self, step: HandedStep) -> None:
-        """Feeds the plan the tokens its rows' sequences last sampled, then sends it."""
+    def _step_blocking(self, plan: StepPlan,
+                       masks: Optional[concurrent.futures.Future]) -> StepResult:
         self._raise_if_failed()
         if self.world_round == 0:
             raise RankGroupError("this worker's ranks have not joined a world yet")
-        if step.last_sampled is not None:
-            step.plan = step.last_sampled.feed(step.plan)
-        self._broadcast(step.plan)
-        step.sent = True
-        self._steps.uncollected = step
-
-    def _collect(self, step: HandedStep) -> StepResult:
-        """The step's masks to the partition leaders (when they follow), then their answers."""
-        self._steps.uncollected = None
-        plan = step.plan
+        self._broadcast(plan)
         leaders = [rank for rank in self._ranks if rank.spec.layout.leads_partition]
-        if step.masks is not None:
-            self._send(leaders, step.masks.result())
+        if masks is not None:
+            self._send(leaders, masks.result())
         answers = [self._receive(rank) for rank in leaders]
         for answer in answers:
             if not isinstance(answer, StepResult):
                 raise RankGroupError(f"a rank answered step {plan.step_id} "
                                      f"with {type(answer).__name__}")
-        result = merge_results(answers) if answers else StepResult(plan.step_id)
-        if step.last_sampled is not None:
-            step.last_sampled.record(result)
-        return result
-
-    def _settled(self, function: Any, *args: Any) -> Any:
-        self._settle_uncollected()
-        return function(*args)
-
-    def _settle_uncollected(self, unless: Optional[HandedStep] = None) -> None:
-        """Collects (and drops) the answers of a step sent ahead whose own command was withdrawn
-        (see rank_steps.py); ranks that failed meanwhile leave nothing to collect."""
-        abandoned = self._steps.uncollected
-        if abandoned is None or abandoned is unless:
-            return
-        try:
-            self._collect(abandoned)
-        except RankGroupError:
-            self._steps.uncollected = None
+        return merge_results(answers) if answers else StepResult(plan.step_id)
 
     def _broadcast(self, command: RankCommand) -> None:
         self._send(self._ranks, command)
 
-    def _send(self, ranks: list[RankProcess], command: RankCommand) -> None:
+    def _send(self, ranks: list[_RankProcess], command: RankCommand) -> None:
         self._raise_if_failed()
-        message = ForkingPickler.dumps(command)  # once for all ranks (`conn.send` per rank)
         for rank in ranks:
             try:
-                rank.conn.send_bytes(message)
+                rank.conn.send(command)
             except (BrokenPipeError, ConnectionResetError, OSError):
-                self._fail(describe_exit(self._ranks))
+                self._fail(self._describe_exit(self._ranks))
 
-    def _receive(self, rank: RankProcess) -> Any:
+    def _receive(self, rank: _RankProcess) -> Any:
         """Waits for the rank's next message, or for any rank to exit (then raises)."""
         self._raise_if_failed()
         watched = [rank.conn] + [other.process.sentinel for other in self._ranks]
@@ -269,7 +225,7 @@ class RankGroup:
                 return rank.conn.recv()
             except (EOFError, OSError):
                 pass
-        self._fail(describe_exit(self._ranks))
+        self._fail(self._describe_exit(self._ranks))
 
     def _fail(self, reason: str) -> NoReturn:
         self._failure = self._failure or reason
@@ -283,16 +239,43 @@ class RankGroup:
             raise RankGroupError(self._failure)
 
     # ---- any thread -----------------------------------------------------------------------------
-    def _wait_for_exit_blocking(self, ranks: list[RankProcess]) -> str:
+    def _wait_for_exit_blocking(self, ranks: list[_RankProcess]) -> str:
         wait([rank.process.sentinel for rank in ranks])
-        return describe_exit(ranks)
+        return self._describe_exit(ranks)
+
+    @staticmethod
+    def _describe_exit(ranks: list[_RankProcess]) -> str:
+        for rank in ranks:
+            if wait([rank.process.sentinel], timeout=0):
+                # The sentinel fires as the process closes its fds, just before it can be reaped.
+                rank.process.join(_REAP_TIMEOUT_S)
+                return (f"rank {rank.spec.rank} (pid {rank.process.pid}) exited with code "
+                        f"{rank.process.exitcode}")
+        return "a rank closed its pipe"
 
     def _kill_blocking(self) -> None:
         with self._spawn_lock:
             ranks = list(self._ranks)
-        kill_all(ranks)
+        for rank in ranks:
+            rank.process.kill()
+        for rank in ranks:
+            rank.process.join()
 
     def _stop_blocking(self, timeout_s: float) -> None:
         with self._spawn_lock:
             ranks = list(self._ranks)
-        stop_all(ranks, timeout_s)
+        for rank in ranks:
+            try:
+                rank.conn.send(Shutdown())
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass
+        for rank in ranks:
+            rank.process.join(timeout_s)
+            if rank.process.is_alive():
+                rank.process.terminate()
+                rank.process.join(timeout_s)
+            if rank.process.is_alive():
+                rank.process.kill()
+                rank.process.join()
+        for rank in ranks:
+            rank.conn.close()

@@ -10,23 +10,21 @@ ranks after one of them exited.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
+import secrets
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Iterable, Optional
 
 import grpc
 
-from services.common.build_info import ABI_VERSION
+from services.common.build_info import ABI_VERSION, build_id
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
-from services.common.step_descriptors import StepPlan, StepResult
+from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
-from services.worker.sequence_log import SequenceLog
-from services.worker.step_gate import StepGate
+from services.worker.capacity import ModelFacts
 from services.worker.step_stream import LastSampled, StepInbox
-from services.worker.describe import describe_response
 from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank_specs,
                                        store_address)
 from services.worker.ranks import RankGroup, RankGroupError
@@ -35,28 +33,40 @@ _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
-@dataclass
-class _StartedStep:
-    """A step handed to the ranks (`running`), or answered without them (`response`)."""
-
-    request: worker_pb2.StepRequest
-    running: Optional[asyncio.Future] = None
-    response: Optional[worker_pb2.StepResponse] = None
+def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
+    """The static part of Describe (`world_round` is filled in per call); `instance_id` is drawn
+    once per process."""
+    topology = config.topology
+    ranks = config.driven_ranks
+    return worker_pb2.DescribeResponse(
+        abi_version=ABI_VERSION, build_id=build_id(), model_fingerprint=facts.model_fingerprint,
+        topology=worker_pb2.Topology(world_size=topology.world_size, dp=topology.dp, tp=topology.tp,
+                                     ep=topology.ep, host_ranks=ranks, backend=topology.backend),
+        block_size=config.block_size, vocab_size=facts.vocab_size,
+        eos_token_id=facts.eos_token_id,
+        partition_ids=sorted({rank // topology.tp for rank in ranks}),
+        block_groups=[worker_pb2.BlockGroup(name=group.name, num_blocks=group.num_blocks,
+                                            bytes_per_block=group.bytes_per_block,
+                                            sliding_window=group.sliding_window)
+                      for group in facts.block_groups],
+        cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
+                                               rows_per_block=family.rows_per_block,
+                                               bytes_per_block=family.bytes_per_block)
+                        for family in facts.cache_families],
+        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype,
+        max_num_seqs=facts.max_num_seqs, instance_id=secrets.randbits(63))
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Serves one Step stream at a time: a newer stream supersedes the older one, whose later
-    requests are answered with an error, because both would drive the same sequence state.
-
-    A step goes to the ranks as soon as it arrives (under async scheduling while the step before
-    it still runs: see step_gate.py); answers go back in order."""
+    requests are answered with an error, because both would drive the same sequence state."""
 
     def __init__(self, describe: worker_pb2.DescribeResponse, ranks: RankGroup,
                  ranks_started: asyncio.Task) -> None:
         self._describe = describe
         self._ranks = ranks
         self._ranks_started = ranks_started
-        self._gate = StepGate()
+        self._step_lock = asyncio.Lock()
         self._stream_generation = 0
         self.joined = asyncio.Event()  # set by each JoinWorld; the supervisor watches new ranks
         self._stopping = False
@@ -84,7 +94,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             _LOG.warning("JoinWorld %d during a step of the old world: replacing this worker's "
                          "ranks", request.round)
             await self._ranks.kill()
-        async with self._gate.exclusively():  # no step may run while the world changes
+        async with self._step_lock:  # no step may run while the world changes
             self._stream_generation += 1  # the Step streams of the old world are over
             try:
                 await asyncio.shield(self._ranks_started)
@@ -98,38 +108,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Step(self, request_iterator: AsyncIterator[worker_pb2.StepRequest],
                    context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.StepResponse]:
-        async with self._gate.exclusively():
+        async with self._step_lock:
             self._stream_generation += 1
             generation = self._stream_generation
             await self._drop_all_sequences()
             self._sequences.clear()
         inbox, last_sampled = StepInbox(request_iterator), LastSampled()
-        started: asyncio.Queue[Optional[_StartedStep]] = asyncio.Queue()
-        starter = asyncio.create_task(self._start_steps(inbox, generation, last_sampled, started),
-                                      name="step starter")
         try:
-            while (step := await started.get()) is not None:
-                response = await self._answer(step, inbox)
+            async for request in inbox.steps():
+                response = await self._step(request, generation, inbox, last_sampled)
                 if response is None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
                 yield response
         finally:
-            starter.cancel()
-            await asyncio.gather(starter, return_exceptions=True)
-            _abandon(started)
             await inbox.close()
 
     async def drain(self, grace_s: float) -> None:
         """Graceful stop: the step in flight finishes (up to `grace_s`); later steps end the
         stream with UNAVAILABLE, so the scheduler fails its requests clearly and reconnects."""
         try:
-            await asyncio.wait_for(self._gate.acquire(), grace_s)
+            await asyncio.wait_for(self._step_lock.acquire(), grace_s)
         except asyncio.TimeoutError:
             _LOG.warning("the step in flight did not finish within the %gs shutdown grace", grace_s)
             self._stopping = True
             return
         self._stopping = True
-        self._gate.release()
+        self._step_lock.release()
 
     async def _drop_all_sequences(self) -> None:
         try:
@@ -138,60 +142,65 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except RankGroupError:
             pass  # every step of this stream reports the failure
 
-    async def _start_steps(self, inbox: StepInbox, generation: int, last_sampled: LastSampled,
-                           started: asyncio.Queue) -> None:
-        """Hands each step to the ranks as it arrives, in order; None after the last."""
-        try:
-            async for request in inbox.steps():
-                started.put_nowait(await self._start(request, generation, inbox, last_sampled))
-        finally:
-            started.put_nowait(None)
-
-    async def _start(self, request: worker_pb2.StepRequest, generation: int, inbox: StepInbox,
-                     last_sampled: LastSampled) -> _StartedStep:
-        await self._gate.step_started()
-        if self._stopping or generation != self._stream_generation:
-            self._gate.step_ended()
-            return _StartedStep(request, response=None if self._stopping else
-                                worker_pb2.StepResponse(step_id=request.step_id,
-                                                        error="superseded by a newer Step stream"))
-        self._sequences.started(request.new_sequences)
-        plan = plan_from_proto(request)
-        masks = inbox.masks_of(plan.step_id) if plan.masks_follow else None
-        running = asyncio.ensure_future(self._run_on_ranks(plan, masks, last_sampled))
-        running.add_done_callback(lambda _: self._gate.step_ended())
-        return _StartedStep(request, running)
-
-    async def _run_on_ranks(self, plan: StepPlan, masks: Optional[concurrent.futures.Future],
-                            last_sampled: LastSampled) -> StepResult:
-        await asyncio.shield(self._ranks_started)
-        return await self._ranks.step(plan, masks, last_sampled)
-
-    async def _answer(self, step: _StartedStep,
-                      inbox: StepInbox) -> Optional[worker_pb2.StepResponse]:
+    async def _step(self, request: worker_pb2.StepRequest, generation: int, inbox: StepInbox,
+                    last_sampled: LastSampled) -> Optional[worker_pb2.StepResponse]:
         """The step's response; None once a graceful stop began (no new step starts)."""
-        request = step.request
-        if step.running is None:
-            return step.response
-        try:
-            result = await step.running
-        except RankGroupError as error:
-            self._sequences.step_failed(request, str(error))
-            return worker_pb2.StepResponse(step_id=request.step_id,
-                                           error=f"worker ranks failed: {error}")
-        finally:
-            inbox.forget(request.step_id)
+        async with self._step_lock:
+            if self._stopping:
+                return None
+            if generation != self._stream_generation:
+                return worker_pb2.StepResponse(step_id=request.step_id,
+                                               error="superseded by a newer Step stream")
+            self._sequences.started(request.new_sequences)
+            plan = last_sampled.feed(plan_from_proto(request))
+            masks = inbox.masks_of(plan.step_id) if plan.masks_follow else None
+            try:
+                await asyncio.shield(self._ranks_started)
+                result = await self._ranks.step(plan, masks)
+            except RankGroupError as error:
+                self._sequences.step_failed(request, str(error))
+                return worker_pb2.StepResponse(step_id=request.step_id,
+                                               error=f"worker ranks failed: {error}")
+            finally:
+                inbox.forget(plan.step_id)
+        last_sampled.record(result)
         self._sequences.ended(request, result)
         return result_to_proto(result)
 
 
-def _abandon(started: asyncio.Queue) -> None:
-    """Steps of an ended stream that nobody will answer: those still queued for the ranks are
-    withdrawn (their sequences go with the stream)."""
-    while not started.empty():
-        step = started.get_nowait()
-        if step is not None and step.running is not None:
-            step.running.cancel()
+class SequenceLog:
+    """Logs sequence starts and failures under the request's correlation id (the scheduler sends
+    it once, in NewSequence); forgets a sequence when the scheduler finishes it."""
+
+    def __init__(self) -> None:
+        self._request_ids: dict[int, str] = {}
+
+    def clear(self) -> None:
+        self._request_ids.clear()
+
+    def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
+        for new in new_sequences:
+            self._request_ids[new.seq_id] = new.request_id
+            _LOG.info("sequence %d started (%d prompt tokens, %d from the prefix cache)", new.seq_id,
+                      len(new.prompt_token_ids), new.num_cached_tokens,
+                      extra={"request_id": new.request_id})
+
+    def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:
+        for row in request.rows:
+            self._failed(row.seq_id, error)
+
+    def ended(self, request: worker_pb2.StepRequest, result: StepResult) -> None:
+        if result.error:
+            self.step_failed(request, result.error)
+        for row in result.results:
+            if row.error:
+                self._failed(row.seq_id, row.error)
+        for seq_id in request.finished_seq_ids:
+            self._request_ids.pop(seq_id, None)
+
+    def _failed(self, seq_id: int, error: str) -> None:
+        _LOG.warning("sequence %d failed: %s", seq_id, error,
+                     extra={"request_id": self._request_ids.get(seq_id, "")})
 
 
 @dataclass

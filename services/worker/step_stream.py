@@ -2,16 +2,13 @@
 
 The scheduler may send step N+1 before step N is answered, and a masks message after a step whose
 rows' masks follow. `StepInbox` reads the stream in its own task: steps queue up in order (the
-servicer hands each to the ranks as it arrives; they run one at a time), masks resolve the future
-the ranks' command thread waits on.
+servicer runs them one at a time), masks resolve the future the ranks' command thread waits on.
 When the stream ends, every step still waiting for masks gets an empty set (its late rows fail;
 nobody reads their answers).
 
 `LastSampled` feeds a row that says `append_last_sampled` the token its sequence's previous row
-sampled. The ranks' command thread uses it: it has every step's answers before it sends the next
-step to the ranks (right after, with no trip through the event loop), so even ranks that do not
-sample (TP > 1) get the token as an ordinary appended one. Not thread-safe: the command thread
-alone uses it once the stream runs.
+sampled: the host sees every step's answers before it sends the next step to its ranks, so even
+ranks that do not sample (TP > 1) get the token as an ordinary appended one.
 """
 from __future__ import annotations
 

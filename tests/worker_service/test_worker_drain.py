@@ -21,8 +21,7 @@ class GatedRanks:
     async def reset(self) -> None:
         return None
 
-    async def step(self, plan: StepPlan, masks: object = None,
-                   last_sampled: object = None) -> StepResult:
+    async def step(self, plan: StepPlan, masks: object = None) -> StepResult:
         self.stepping.set()
         await self.gate.wait()
         return StepResult(step_id=plan.step_id)
