@@ -13,6 +13,12 @@ of the step still run.
 
 The ranks of every partition receive the same plan; an executor runs only the rows and new sequences
 of its own partition (`PartitionLimits.partition_id`).
+
+Under async scheduling a row planned before its sequence's previous row was answered says
+`append_last_sampled`: the executor feeds it the token that previous row sampled here. Every rank of
+a partition samples every row (they all compute the same logits), so each can feed its own rows, and
+the worker host passes a step to its ranks the moment it arrives: the ranks start step N+1 right
+after N, with no trip through the host in between.
 """
 from __future__ import annotations
 
@@ -65,22 +71,22 @@ class SequenceState:
     num_computed_tokens: int
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    # The token the sequence's last row sampled, until the next row feeds it (append_last_sampled).
+    last_sampled: Optional[int] = None
 
 
 class PartitionExecutor:
     """Owns the per-sequence state of one partition and runs steps on a runtime. Not thread-safe.
 
-    Every rank of a partition prepares the same rows (so their collectives agree); only the one that
-    `answers` (the partition's TP rank 0) reports results. A plain row samples there alone; a
-    speculative row (drafts to verify, proposals to make) samples on every rank, which all compute
-    the same logits: each then commits the same accepted drafts, and the drafter of each proposes
-    after the same bonus token, in the same collectives.
+    Every rank of a partition prepares the same rows (so their collectives agree) and samples them:
+    they all compute the same logits, so each commits the same accepted drafts, its drafter proposes
+    after the same bonus token, in the same collectives, and it knows the token a planned-ahead row
+    is fed. Only the partition's TP rank 0 reports the results (rank_process.py).
     """
 
-    def __init__(self, runtime: StepRuntime, limits: PartitionLimits, answers: bool = True) -> None:
+    def __init__(self, runtime: StepRuntime, limits: PartitionLimits) -> None:
         self._runtime = runtime
         self._limits = limits
-        self._answers = answers
         self._sequences: dict[int, SequenceState] = {}
 
     @property
@@ -90,7 +96,7 @@ class PartitionExecutor:
     def execute(self, plan: StepPlan, await_masks: Optional[AwaitMasks] = None) -> StepResult:
         """Runs this partition's part of one step (the runtime runs even when that part is empty:
         an expert-parallel world needs every rank). Row problems become row errors; a runtime
-        exception propagates. When the plan's masks follow, an answering rank runs the forward,
+        exception propagates. When the plan's masks follow, the rank runs the forward,
         then `await_masks()`, then samples the rows whose masks followed."""
         partition_id = self._limits.partition_id
         for seq_id in plan.finished_seq_ids:
@@ -101,10 +107,11 @@ class PartitionExecutor:
             self._prepare_or_error(row, rejected) for row in rows]
         chunks = [item for item in prepared if isinstance(item, SequenceChunk)]
         started = time.perf_counter_ns()
-        late = await_masks if plan.masks_follow and self._answers else None
+        late = await_masks if plan.masks_follow else None
         outcomes = self._run(chunks, late, {row.seq_id for row in rows if row.mask_follows})
         forward_ns = time.perf_counter_ns() - started
         results = self._row_results(rows, prepared, iter(outcomes))
+        self._remember_sampled(results)
         return StepResult(plan.step_id, tuple(results), forward_ns)
 
     def reset(self) -> None:
@@ -121,7 +128,7 @@ class PartitionExecutor:
         chunk = SequenceChunk(seq_id=warm_up_seq_id, start_pos=0,
                               token_ids=[i % self._limits.vocab_size for i in range(num_tokens)],
                               block_tables={group: [0] for group in self._limits.block_groups},
-                              sample=self._answers)
+                              sample=True)
         self._runtime.step([chunk])
         self._runtime.release(warm_up_seq_id)
 
@@ -144,6 +151,14 @@ class PartitionExecutor:
             if chunk.num_drafts and outcome.token is not None:
                 self._commit_drafts(chunk, outcome.num_accepted)
         return outcomes
+
+    def _remember_sampled(self, results: list[RowResult]) -> None:
+        """Each row's sequence keeps the token it sampled; a row that sampled none (or failed)
+        leaves none to feed."""
+        for result in results:
+            state = self._sequences.get(result.seq_id)
+            if state is not None:
+                state.last_sampled = result.sampled_token_id
 
     def _commit_drafts(self, chunk: SequenceChunk, num_accepted: int) -> None:
         state = self._sequences[chunk.seq_id]
@@ -211,13 +226,15 @@ class PartitionExecutor:
         state = self._sequences.get(row.seq_id)
         if state is None:
             raise RowError(f"unknown seq_id {row.seq_id}")
-        self._validate(row, state)
+        appended = self._appended_tokens(row, state)
+        self._validate(row, state, appended)
         allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
                             if row.sample and row.mask is not None else (None, None))
         draft_masks = [decode_token_mask(mask, self._limits.vocab_size)
                        for mask in row.draft_masks]
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
-        state.token_ids.extend(row.append_token_ids)
+        state.token_ids.extend(appended)
+        state.last_sampled = None
         for blocks in row.new_blocks:
             table = state.block_tables[blocks.group]
             table.extend([-1] * (blocks.first_logical_block - len(table)))
@@ -227,7 +244,7 @@ class PartitionExecutor:
                              token_ids=state.token_ids[start:end] + list(row.draft_token_ids),
                              block_tables={group: list(table)
                                            for group, table in state.block_tables.items()},
-                             sample=row.sample and (self._answers or _speculative(row)),
+                             sample=row.sample,
                              allowed_token_ids=allowed,
                              token_bitmask=bitmask,
                              logit_bias=state.logit_bias if row.sample else None,
@@ -235,20 +252,29 @@ class PartitionExecutor:
                              draft_forced=list(row.draft_forced), draft_masks=draft_masks,
                              num_proposals=row.num_proposals)
 
-    def _validate(self, row: ScheduledRow, state: SequenceState) -> None:
+    @staticmethod
+    def _appended_tokens(row: ScheduledRow, state: SequenceState) -> tuple[int, ...]:
+        """The tokens the row adds to its sequence: the one its previous row sampled, when the
+        row was planned before that answer, then those the scheduler sent."""
+        if not row.append_last_sampled:
+            return row.append_token_ids
+        if state.last_sampled is None:
+            raise RowError(f"row of sequence {row.seq_id} feeds its last sampled token, but its "
+                           f"previous row sampled none")
+        return (state.last_sampled,) + row.append_token_ids
+
+    def _validate(self, row: ScheduledRow, state: SequenceState,
+                  appended: tuple[int, ...]) -> None:
         start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
         if row.num_new_tokens == 0:
             raise RowError(f"row of sequence {row.seq_id} computes no tokens")
-        if row.append_last_sampled:  # the worker host feeds it when the previous row sampled
-            raise RowError(f"row of sequence {row.seq_id} feeds its last sampled token, but its "
-                           f"previous row sampled none")
         if start != state.num_computed_tokens:
             raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
                            f"{start}, {state.num_computed_tokens} positions are cached")
         self._check_token_ids(row.append_token_ids, "appended")
         self._check_token_ids(row.draft_token_ids, "draft")
         check_drafts(row)
-        known = len(state.token_ids) + len(row.append_token_ids)
+        known = len(state.token_ids) + len(appended)
         if end > known:
             raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
                            f"only {known} tokens are known")
@@ -302,7 +328,3 @@ class PartitionExecutor:
                                if outcome.token is not None
                                else RowResult(row.seq_id, error="the runtime sampled no token"))
         return results
-
-
-def _speculative(row: ScheduledRow) -> bool:
-    return bool(row.draft_token_ids) or row.num_proposals > 0

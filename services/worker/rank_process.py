@@ -65,8 +65,7 @@ def _load(spec: RankSpec, factory: RuntimeBuilder,
         torch.cuda.set_device(torch.device(spec.device))
     else:
         torch.set_num_threads(spec.torch_threads)
-    return PartitionExecutor(factory.build(spec, collectives), spec.limits,
-                             answers=spec.layout.leads_partition)
+    return PartitionExecutor(factory.build(spec, collectives), spec.limits)
 
 
 def _join(spec: RankSpec, round_: int, executor: PartitionExecutor,

@@ -4,6 +4,12 @@ Each local rank is a process (torch.multiprocessing "spawn" context; see rank_pr
 own pipe. Every rank receives every command in the same order; for a step, the partition leaders
 among this host's ranks (TP rank 0 of each DP group) answer and their answers are merged.
 
+A step goes to the ranks the moment it is handed over, behind any step still running: under async
+scheduling step N+1 arrives while N runs, and the ranks start it as soon as N is done (they feed its
+rows the tokens N sampled themselves; executor.py). One thread sends every message to the ranks in
+order — plans, masks, other commands — and another reads the steps' answers in the same order, so
+sending N+1 never waits for N's answer.
+
 The world's TCPStore lives in the host process that drives global rank 0 (on a free local port when
 this host drives the whole world, else at `--dist-init-addr`), so it outlives rank restarts. A host
 that drives the whole world forms round 1 as soon as its ranks have loaded. A host that drives part
@@ -21,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NoReturn, Optional
 
 import torch.distributed as dist
@@ -50,9 +57,11 @@ class _RankProcess:
 class RankGroup:
     """Owns this host's rank processes, the pipes to them and (on rank 0's host) the world's store.
 
-    Blocking pipe waits run on one dedicated thread, so commands keep their order and the event loop
-    never blocks. Once a rank has exited (or `stop` began), every later step raises
-    `RankGroupError` — until a `join` respawns the ranks (worlds of several hosts only).
+    Blocking pipe work runs on two dedicated threads — one sends every command in order, one reads
+    the steps' answers in order — so the event loop never blocks. Once a rank has exited (or `stop`
+    began), every later step raises `RankGroupError` — until a `join` respawns the ranks (worlds of
+    several hosts only). A command other than a step (start, join, reset) needs no step in flight:
+    its caller awaits `settled()` first where one may be.
     """
 
     def __init__(self, specs: list[RankSpec], factory: RuntimeFactory, store: StoreAddress,
@@ -70,6 +79,8 @@ class RankGroup:
         # Spawning and stopping exclude each other, so a stop during start leaves no rank behind.
         self._spawn_lock = threading.Lock()
         self._commands = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rank-commands")
+        self._answers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rank-answers")
+        self._steps_in_flight: set[asyncio.Future] = set()  # handed over, answers not read yet
         self._running_commands = 0
         self._count_lock = threading.Lock()
 
@@ -88,10 +99,27 @@ class RankGroup:
 
     async def step(self, plan: StepPlan,
                    masks: Optional[concurrent.futures.Future] = None) -> StepResult:
-        """Runs the step on every rank. `masks` (when the plan's masks follow) resolves to its
-        StepMasks: the partition leaders get them once the step is sent, and wait for them only
-        to sample."""
-        return await self._in_command_thread(self._step_blocking, plan, masks)
+        """Runs the step on every rank (see `hand_over`) and returns the merged answers."""
+        return await asyncio.shield(self.hand_over(plan, masks))
+
+    def hand_over(self, plan: StepPlan,
+                  masks: Optional[concurrent.futures.Future] = None) -> asyncio.Future:
+        """Sends the step to every rank behind the steps handed over before it; the future
+        resolves to the merged answers (or raises `RankGroupError`). `masks` (when the plan's
+        masks follow) resolves to its StepMasks: the ranks get them once they are there, and
+        wait for them only to sample. Cancelling the future does not withdraw the step: it runs,
+        and its answers are read (and dropped), so a later step's answers are its own."""
+        if self._stopping:
+            raise RankGroupError("the worker is stopping")
+        sent = self._commands.submit(self._send_step, plan, masks)
+        answered = asyncio.wrap_future(self._answers.submit(self._collect_step, plan, sent))
+        self._steps_in_flight.add(answered)
+        answered.add_done_callback(self._step_settled)
+        return answered
+
+    async def settled(self) -> None:
+        """Returns once every step handed over so far has been answered or has failed."""
+        await asyncio.gather(*self._steps_in_flight, return_exceptions=True)
 
     async def reset(self) -> None:
         await self._in_command_thread(self._broadcast, ResetSequences())
@@ -113,12 +141,19 @@ class RankGroup:
         # Not on the command thread: that one may be blocked in a step of a hung rank.
         await asyncio.to_thread(self._stop_blocking, timeout_s)
         self._commands.shutdown(wait=False, cancel_futures=True)
+        self._answers.shutdown(wait=False)  # each step still handed over fails or is answered
         self._store = None
 
     @property
     def busy(self) -> bool:
-        """A command is running on the ranks (it may outlive the caller that gave up on it)."""
-        return self._running_commands > 0
+        """A command or step is running on the ranks (it may outlive the caller that gave up on
+        it)."""
+        return self._running_commands > 0 or bool(self._steps_in_flight)
+
+    def _step_settled(self, answered: asyncio.Future) -> None:
+        self._steps_in_flight.discard(answered)
+        if not answered.cancelled():
+            answered.exception()  # read here: a caller that gave up never will
 
     async def _in_command_thread(self, function: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -188,30 +223,35 @@ class RankGroup:
             raise RankGroupError(f"rank {rank.spec.rank} sent {type(message).__name__} instead "
                                  f"of {kind.__name__}")
 
-    def _step_blocking(self, plan: StepPlan,
-                       masks: Optional[concurrent.futures.Future]) -> StepResult:
+    # ---- step threads ---------------------------------------------------------------------------
+    def _send_step(self, plan: StepPlan, masks: Optional[concurrent.futures.Future]) -> None:
+        """On the command thread: the plan to every rank, then its masks once they are there."""
         self._raise_if_failed()
         if self.world_round == 0:
             raise RankGroupError("this worker's ranks have not joined a world yet")
         self._broadcast(plan)
-        leaders = [rank for rank in self._ranks if rank.spec.layout.leads_partition]
         if masks is not None:
-            self._send(leaders, masks.result())
+            self._broadcast(masks.result())
+
+    def _collect_step(self, plan: StepPlan, sent: concurrent.futures.Future) -> StepResult:
+        """On the answer thread: the partition leaders' answers to the step, once it was sent."""
+        try:
+            sent.result()  # raises what sending raised: then no rank answers
+        except concurrent.futures.CancelledError:  # `stop` withdrew it before it was sent
+            raise RankGroupError("the worker is stopping") from None
+        leaders = [rank for rank in self._ranks if rank.spec.layout.leads_partition]
         answers = [self._receive(rank) for rank in leaders]
         for answer in answers:
-            if not isinstance(answer, StepResult):
-                raise RankGroupError(f"a rank answered step {plan.step_id} "
-                                     f"with {type(answer).__name__}")
+            if not isinstance(answer, StepResult):  # the pipe is out of step: nothing after counts
+                self._fail(f"a rank answered step {plan.step_id} with {type(answer).__name__}")
         return merge_results(answers) if answers else StepResult(plan.step_id)
 
     def _broadcast(self, command: RankCommand) -> None:
-        self._send(self._ranks, command)
-
-    def _send(self, ranks: list[_RankProcess], command: RankCommand) -> None:
         self._raise_if_failed()
-        for rank in ranks:
+        message = ForkingPickler.dumps(command)  # once for all ranks
+        for rank in self._ranks:
             try:
-                rank.conn.send(command)
+                rank.conn.send_bytes(message)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 self._fail(self._describe_exit(self._ranks))
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterable, Optional
+from typing import AsyncIterator, Optional
 
 import grpc
 
@@ -21,10 +21,10 @@ from services.common.build_info import ABI_VERSION, build_id
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
-from services.common.step_descriptors import StepResult
 from services.common.step_protos import plan_from_proto, result_to_proto
 from services.worker.capacity import ModelFacts
-from services.worker.step_stream import LastSampled, StepInbox
+from services.worker.sequence_log import SequenceLog
+from services.worker.step_stream import StepInbox
 from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank_specs,
                                        store_address)
 from services.worker.ranks import RankGroup, RankGroupError
@@ -59,7 +59,13 @@ def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.Des
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Serves one Step stream at a time: a newer stream supersedes the older one, whose later
-    requests are answered with an error, because both would drive the same sequence state."""
+    requests are answered with an error, because both would drive the same sequence state.
+
+    Each step is handed to the ranks as it arrives, while the step before it may still run (async
+    scheduling sends N+1 before N is answered), and answered in order. `_step_lock` orders the
+    hand-overs against the changes that need no step in flight: a world change (JoinWorld), a new
+    stream's reset, a graceful stop.
+    """
 
     def __init__(self, describe: worker_pb2.DescribeResponse, ranks: RankGroup,
                  ranks_started: asyncio.Task) -> None:
@@ -71,6 +77,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.joined = asyncio.Event()  # set by each JoinWorld; the supervisor watches new ranks
         self._stopping = False
         self._sequences = SequenceLog()
+        self._answering: set[asyncio.Task] = set()
 
     async def Describe(self, request: worker_pb2.DescribeRequest,
                        context: grpc.aio.ServicerContext) -> worker_pb2.DescribeResponse:
@@ -97,6 +104,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async with self._step_lock:  # no step may run while the world changes
             self._stream_generation += 1  # the Step streams of the old world are over
             try:
+                await self._ranks.settled()  # answered, or failed with the killed ranks
                 await asyncio.shield(self._ranks_started)
                 await self._ranks.join(request.round)
             except RankGroupError as error:
@@ -113,27 +121,33 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             generation = self._stream_generation
             await self._drop_all_sequences()
             self._sequences.clear()
-        inbox, last_sampled = StepInbox(request_iterator), LastSampled()
+        inbox = StepInbox(request_iterator)
+        answers: asyncio.Queue[Optional[asyncio.Future]] = asyncio.Queue()
+        handing = asyncio.create_task(self._hand_over_all(inbox, generation, answers),
+                                      name="worker step hand-over")
         try:
-            async for request in inbox.steps():
-                response = await self._step(request, generation, inbox, last_sampled)
+            while (answer := await answers.get()) is not None:
+                response = await answer
                 if response is None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
                 yield response
         finally:
+            handing.cancel()
+            await asyncio.gather(handing, return_exceptions=True)
             await inbox.close()
 
     async def drain(self, grace_s: float) -> None:
-        """Graceful stop: the step in flight finishes (up to `grace_s`); later steps end the
+        """Graceful stop: the steps in flight finish (up to `grace_s`); later steps end the
         stream with UNAVAILABLE, so the scheduler fails its requests clearly and reconnects."""
         try:
-            await asyncio.wait_for(self._step_lock.acquire(), grace_s)
-        except asyncio.TimeoutError:
-            _LOG.warning("the step in flight did not finish within the %gs shutdown grace", grace_s)
-            self._stopping = True
-            return
+            async with asyncio.timeout(grace_s):
+                async with self._step_lock:
+                    self._stopping = True
+                    await self._ranks.settled()
+        except TimeoutError:
+            _LOG.warning("the steps in flight did not finish within the %gs shutdown grace",
+                         grace_s)
         self._stopping = True
-        self._step_lock.release()
 
     async def _drop_all_sequences(self) -> None:
         try:
@@ -142,65 +156,59 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except RankGroupError:
             pass  # every step of this stream reports the failure
 
-    async def _step(self, request: worker_pb2.StepRequest, generation: int, inbox: StepInbox,
-                    last_sampled: LastSampled) -> Optional[worker_pb2.StepResponse]:
-        """The step's response; None once a graceful stop began (no new step starts)."""
+    async def _hand_over_all(self, inbox: StepInbox, generation: int,
+                             answers: asyncio.Queue[Optional[asyncio.Future]]) -> None:
+        """Hands each step of the stream to the ranks as it arrives; queues its answer's task."""
+        try:
+            async for request in inbox.steps():
+                answers.put_nowait(await self._hand_over(request, generation, inbox))
+        finally:
+            answers.put_nowait(None)
+
+    async def _hand_over(self, request: worker_pb2.StepRequest, generation: int,
+                         inbox: StepInbox) -> asyncio.Future:
+        """The task of the step's response; it resolves to None once a graceful stop began (no
+        new step starts). The task runs on even if the stream ends: it releases the step's masks
+        and logs its sequences' failures."""
         async with self._step_lock:
             if self._stopping:
-                return None
+                return _answered(None)
             if generation != self._stream_generation:
-                return worker_pb2.StepResponse(step_id=request.step_id,
-                                               error="superseded by a newer Step stream")
+                return _answered(worker_pb2.StepResponse(
+                    step_id=request.step_id, error="superseded by a newer Step stream"))
             self._sequences.started(request.new_sequences)
-            plan = last_sampled.feed(plan_from_proto(request))
+            plan = plan_from_proto(request)
             masks = inbox.masks_of(plan.step_id) if plan.masks_follow else None
             try:
                 await asyncio.shield(self._ranks_started)
-                result = await self._ranks.step(plan, masks)
+                answered = self._ranks.hand_over(plan, masks)
             except RankGroupError as error:
-                self._sequences.step_failed(request, str(error))
-                return worker_pb2.StepResponse(step_id=request.step_id,
-                                               error=f"worker ranks failed: {error}")
-            finally:
-                inbox.forget(plan.step_id)
-        last_sampled.record(result)
+                answered = asyncio.get_running_loop().create_future()
+                answered.set_exception(error)
+        task = asyncio.create_task(self._answer(request, answered, inbox),
+                                   name=f"worker step {request.step_id}")
+        self._answering.add(task)  # held until done, even once the stream is gone
+        task.add_done_callback(self._answering.discard)
+        return task
+
+    async def _answer(self, request: worker_pb2.StepRequest, answered: asyncio.Future,
+                      inbox: StepInbox) -> worker_pb2.StepResponse:
+        try:
+            result = await asyncio.shield(answered)
+        except RankGroupError as error:
+            self._sequences.step_failed(request, str(error))
+            return worker_pb2.StepResponse(step_id=request.step_id,
+                                           error=f"worker ranks failed: {error}")
+        finally:
+            inbox.forget(request.step_id)
         self._sequences.ended(request, result)
         return result_to_proto(result)
 
 
-class SequenceLog:
-    """Logs sequence starts and failures under the request's correlation id (the scheduler sends
-    it once, in NewSequence); forgets a sequence when the scheduler finishes it."""
-
-    def __init__(self) -> None:
-        self._request_ids: dict[int, str] = {}
-
-    def clear(self) -> None:
-        self._request_ids.clear()
-
-    def started(self, new_sequences: Iterable[worker_pb2.NewSequence]) -> None:
-        for new in new_sequences:
-            self._request_ids[new.seq_id] = new.request_id
-            _LOG.info("sequence %d started (%d prompt tokens, %d from the prefix cache)", new.seq_id,
-                      len(new.prompt_token_ids), new.num_cached_tokens,
-                      extra={"request_id": new.request_id})
-
-    def step_failed(self, request: worker_pb2.StepRequest, error: str) -> None:
-        for row in request.rows:
-            self._failed(row.seq_id, error)
-
-    def ended(self, request: worker_pb2.StepRequest, result: StepResult) -> None:
-        if result.error:
-            self.step_failed(request, result.error)
-        for row in result.results:
-            if row.error:
-                self._failed(row.seq_id, row.error)
-        for seq_id in request.finished_seq_ids:
-            self._request_ids.pop(seq_id, None)
-
-    def _failed(self, seq_id: int, error: str) -> None:
-        _LOG.warning("sequence %d failed: %s", seq_id, error,
-                     extra={"request_id": self._request_ids.get(seq_id, "")})
+def _answered(response: Optional[worker_pb2.StepResponse]) -> asyncio.Future:
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(response)
+    return future
 
 
 @dataclass

@@ -2,23 +2,21 @@
 
 The scheduler may send step N+1 before step N is answered, and a masks message after a step whose
 rows' masks follow. `StepInbox` reads the stream in its own task: steps queue up in order (the
-servicer runs them one at a time), masks resolve the future the ranks' command thread waits on.
-When the stream ends, every step still waiting for masks gets an empty set (its late rows fail;
+servicer hands them to the ranks in that order), masks resolve the future that the ranks' command
+thread waits on. When the stream ends, every step still waiting for masks gets an empty set (its late rows fail;
 nobody reads their answers).
 
-`LastSampled` feeds a row that says `append_last_sampled` the token its sequence's previous row
-sampled: the host sees every step's answers before it sends the next step to its ranks, so even
-ranks that do not sample (TP > 1) get the token as an ordinary appended one.
+A row that says `append_last_sampled` is fed by the ranks themselves (executor.py), so the host
+passes each step on as it arrives.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 from typing import AsyncIterator, Optional
 
 from services.common.pb.dsv4serve.v1 import worker_pb2
-from services.common.step_descriptors import ScheduledRow, StepMasks, StepPlan, StepResult
+from services.common.step_descriptors import StepMasks
 from services.common.step_protos import is_masks_message, masks_from_proto
 
 
@@ -74,32 +72,3 @@ class StepInbox:
         for step_id, future in self._masks.items():
             if not future.done():
                 future.set_result(StepMasks(step_id))
-
-
-class LastSampled:
-    """Per sequence, the token its last row sampled, until a row feeds it (or it is dropped)."""
-
-    def __init__(self) -> None:
-        self._tokens: dict[int, int] = {}
-
-    def feed(self, plan: StepPlan) -> StepPlan:
-        """The plan with each `append_last_sampled` row's token made an appended one; a row whose
-        sequence has none keeps the flag (the executor fails that row)."""
-        for seq_id in plan.finished_seq_ids:
-            self._tokens.pop(seq_id, None)
-        plan.rows = [self._fed(row) for row in plan.rows]
-        return plan
-
-    def record(self, result: StepResult) -> None:
-        for row in result.results:
-            if row.sampled_token_id is not None:
-                self._tokens[row.seq_id] = row.sampled_token_id
-            else:
-                self._tokens.pop(row.seq_id, None)
-
-    def _fed(self, row: ScheduledRow) -> ScheduledRow:
-        if not row.append_last_sampled or row.seq_id not in self._tokens:
-            return row
-        token = self._tokens.pop(row.seq_id)
-        return dataclasses.replace(row, append_last_sampled=False,
-                                   append_token_ids=(token,) + row.append_token_ids)

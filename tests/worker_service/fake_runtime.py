@@ -45,14 +45,16 @@ def allowed_ids(chunk: SequenceChunk) -> Optional[list[int]]:
 
 
 def ranks_agree(chunks: list[SequenceChunk]) -> bool:
-    """Under several ranks: a collective over the step's token count, as tensor-parallel compute
-    would do; it only completes, and agrees, when every rank runs the same step."""
+    """Under several ranks: a collective over the step's token count and token ids, as
+    tensor-parallel compute would do; it only completes, and agrees, when every rank runs the same
+    step on the same tokens."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return True
-    mine = torch.tensor([sum(len(chunk.token_ids) for chunk in chunks)])
+    mine = torch.tensor([sum(len(chunk.token_ids) for chunk in chunks),
+                         sum(sum(chunk.token_ids) for chunk in chunks)])
     total = mine.clone()
     dist.all_reduce(total)
-    return int(total) == int(mine) * dist.get_world_size()
+    return bool((total == mine * dist.get_world_size()).all())
 
 
 @dataclass

@@ -262,9 +262,49 @@ class TestMasksThatFollow:
                                                                    for s in (1, 2, 3))))
         assert all(r.sampled_token_id is not None and not r.error for r in result.results)
 
-    def test_a_row_still_asking_for_its_last_sampled_token_fails_alone(self, executor):
+    def test_a_row_planned_ahead_is_fed_the_token_its_previous_row_sampled(self, executor,
+                                                                           runtime):
+        first = executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),),
+                                          rows=(prefill_row(1, (2, 3)),)))
+        sampled = first.results[0].sampled_token_id
+        second = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            1, 6, 1, append_token_ids=(21, 22), sample=True, append_last_sampled=True),)))
+        chunk = runtime.steps[-1][0]
+        assert (chunk.start_pos, chunk.token_ids) == (6, [sampled])
+        assert second.results[0].sampled_token_id == fake_next_token(6, [sampled])
+        third = executor.execute(StepPlan(3, rows=(ScheduledRow(
+            1, 7, 2, new_blocks=new_blocks((4,), (4,), first=2, first_window=2), sample=True,
+            append_last_sampled=True),)))
+        assert not third.results[0].error
+        assert runtime.steps[-1][0].token_ids == [21, 22]  # the fed token came before them
+
+    def test_a_fed_token_is_fed_once(self, executor):
         executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),),
                                   rows=(prefill_row(1, (2, 3)),)))
-        result = executor.execute(StepPlan(2, rows=(ScheduledRow(
-            1, 6, 1, sample=True, append_last_sampled=True),)))
+        fed = ScheduledRow(1, 6, 1, sample=False, append_last_sampled=True)
+        assert not executor.execute(StepPlan(2, rows=(fed,))).results
+        again = executor.execute(StepPlan(3, rows=(ScheduledRow(
+            1, 7, 1, sample=True, append_last_sampled=True),)))
+        assert "previous row sampled none" in again.results[0].error
+
+    def test_a_row_whose_previous_row_sampled_nothing_fails_alone(self, executor):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),
+                                                    NewSequence(2, 0, PROMPT)),
+                                  rows=(prefill_row(1, (2, 3), sample=False),
+                                        prefill_row(2, (4, 5)))))
+        ahead = dict(num_computed_tokens=6, num_new_tokens=1, sample=True,
+                     append_last_sampled=True)
+        result = executor.execute(StepPlan(2, rows=(ScheduledRow(1, **ahead),
+                                                    ScheduledRow(2, **ahead))))
         assert "previous row sampled none" in result.results[0].error
+        assert not result.results[1].error and result.results[1].sampled_token_id is not None
+
+    def test_a_failed_row_leaves_no_token_to_feed(self, executor):
+        executor.execute(StepPlan(1, new_sequences=(NewSequence(1, 0, PROMPT),),
+                                  rows=(prefill_row(1, (2, 3)),)))
+        gap = executor.execute(StepPlan(2, rows=(ScheduledRow(
+            1, 9, 1, sample=True, append_last_sampled=True),)))  # positions 6–8 skipped
+        assert "non-contiguous" in gap.results[0].error
+        retry = executor.execute(StepPlan(3, rows=(ScheduledRow(
+            1, 6, 1, sample=True, append_last_sampled=True),)))
+        assert "previous row sampled none" in retry.results[0].error

@@ -70,20 +70,3 @@ def test_finishing_a_sequence_releases_its_drafter_state():
     executor = started(runtime)
     executor.execute(StepPlan(2, finished_seq_ids=[1]))
     assert runtime.released == [1]
-
-
-def test_a_rank_that_does_not_answer_samples_speculative_rows_and_commits_the_same_drafts():
-    """TP ranks other than the partition's first verify and propose too (their drafters run the
-    same collectives); a plain sampled row samples on the answering rank alone."""
-    runtime = AcceptingRuntime(accept=2)
-    executor = PartitionExecutor(runtime, LIMITS, answers=False)
-    executor.execute(StepPlan(1, [NewSequence(1, 0, PROMPT), NewSequence(2, 0, PROMPT)],
-                              [prefill_row(1, (0, 1, 2), num_proposals=2),
-                               prefill_row(2, (3, 4, 5))]))
-    speculative, plain = runtime.chunks
-    assert (speculative.sample, speculative.num_proposals) == (True, 2)
-    assert not plain.sample
-    executor.execute(StepPlan(2, rows=[verify_row(6, (5, 6, 7), num_proposals=2)]))
-    assert runtime.chunks[-1].sample and runtime.chunks[-1].num_drafts == 3
-    nxt = executor.execute(StepPlan(3, rows=[verify_row(9, ())]))  # 6 + anchor + 2 accepted
-    assert not nxt.results[0].error

@@ -3,6 +3,7 @@ their cause, and nothing outlives a stop."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.common.config import TopologyConfig, WorkerConfig
-from services.common.step_descriptors import GroupBlocks, NewSequence, ScheduledRow, StepPlan
+from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask, ScheduledRow,
+                                              StepMasks, StepPlan, TokenMask)
 from services.worker.rank_plan import rank_specs, store_address
 from services.worker.ranks import RankGroup, RankGroupError
 from services.worker.server import serve
@@ -71,3 +73,40 @@ def test_serve_fails_with_the_cause_when_the_checkpoint_cannot_load(tiny_model_d
     config = WorkerConfig(model_dir=broken, port=0, num_blocks=4)
     with pytest.raises(RankGroupError, match="rank 0 failed to start"):
         asyncio.run(asyncio.wait_for(serve(config), STEP_TIMEOUT_S))
+
+
+@pytest.mark.slow  # spawns two ranks
+def test_two_ranks_run_a_step_handed_over_before_the_last_was_answered_on_the_tokens_it_sampled():
+    """Under TP both ranks feed a planned-ahead row the token the step before sampled (the fake's
+    all-reduce checks that they computed the same token ids), and its mask reaches the sampler
+    after the step was sent."""
+    factory = FakeRuntimeFactory()
+    config = two_rank_config()
+    blocks = (GroupBlocks("window", 0, (0, 1)), GroupBlocks("compressed", 0, (0, 1)))
+    first = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT), NewSequence(4, 0, PROMPT)),
+                     rows=(ScheduledRow(3, 0, 3, new_blocks=blocks, sample=True),
+                           ScheduledRow(4, 0, 3, new_blocks=(
+                               GroupBlocks("window", 0, (2, 3)),
+                               GroupBlocks("compressed", 0, (2, 3))), sample=True)))
+    ahead = dict(num_computed_tokens=3, num_new_tokens=1, sample=True, append_last_sampled=True)
+    second = StepPlan(2, rows=(ScheduledRow(3, **ahead),
+                               ScheduledRow(4, mask_follows=True, **ahead)))
+
+    async def scenario() -> list:
+        ranks = RankGroup(rank_specs(config, factory.describe(config)), factory,
+                          store_address(config), forms_world_alone=True)
+        try:
+            await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
+            masks: concurrent.futures.Future = concurrent.futures.Future()
+            answers = [ranks.hand_over(first), ranks.hand_over(second, masks)]
+            first_answer = await asyncio.wait_for(answers[0], STEP_TIMEOUT_S)
+            masks.set_result(StepMasks(2, (RowMask(4, TokenMask(allowed_token_ids=(5, 17))),)))
+            return [first_answer, await asyncio.wait_for(answers[1], STEP_TIMEOUT_S)]
+        finally:
+            await ranks.stop()
+
+    first_answer, second_answer = asyncio.run(scenario())
+    token = first_answer.results[0].sampled_token_id
+    assert token == fake_next_token(0, list(PROMPT))
+    assert [(r.sampled_token_id, r.error) for r in second_answer.results] == [
+        (fake_next_token(3, [token]), ""), (17, "")]

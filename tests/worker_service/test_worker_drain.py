@@ -17,12 +17,22 @@ class GatedRanks:
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.stepping = asyncio.Event()
+        self._in_flight: set[asyncio.Task] = set()
 
     async def reset(self) -> None:
         return None
 
-    async def step(self, plan: StepPlan, masks: object = None) -> StepResult:
+    def hand_over(self, plan: StepPlan, masks: object = None) -> asyncio.Future:
         self.stepping.set()
+        answered = asyncio.ensure_future(self._answer(plan))
+        self._in_flight.add(answered)
+        answered.add_done_callback(self._in_flight.discard)
+        return answered
+
+    async def settled(self) -> None:
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def _answer(self, plan: StepPlan) -> StepResult:
         await self.gate.wait()
         return StepResult(step_id=plan.step_id)
 
