@@ -8,8 +8,8 @@ prefix-cache hit begins with `num_cached_tokens` positions cached; its first row
 blocks (a windowed group's table gets -1 for the blocks before the hit's window: never read).
 
 A bad row (unknown sequence, a gap in positions, blocks missing or out of range, a mask that allows
-nothing) fails alone: it is not computed, its sequence's state is left as it was, and the other rows
-of the step still run.
+nothing) fails alone: it is not computed, its sequence's state is left as it was (but for a token to
+feed: a failed row leaves none), and the other rows of the step still run (sequence_state.py checks).
 
 The ranks of every partition receive the same plan; an executor runs only the rows and new sequences
 of its own partition (`PartitionLimits.partition_id`).
@@ -28,25 +28,15 @@ from typing import Callable, Iterator, Optional, Protocol, Union
 
 import torch
 
-from services.common.step_descriptors import (GroupBlocks, NewSequence, RowResult, ScheduledRow,
-                                              StepMasks, StepPlan, StepResult)
+from services.common.step_descriptors import (NewSequence, RowResult, ScheduledRow, StepMasks,
+                                              StepPlan, StepResult)
 from services.worker.model.runtime import SequenceChunk, StepOutput
-from services.worker.row_masks import (RowError, check_drafts, decode_token_mask,
-                                       sample_late_rows)
+from services.worker.row_masks import RowError, decode_token_mask, sample_late_rows
+from services.worker.sequence_state import (PartitionLimits, SequenceState, appended_tokens,
+                                            check_row, check_token_ids)
 
 # Async scheduling: blocks until the masks of this step's `mask_follows` rows arrive.
 AwaitMasks = Callable[[], StepMasks]
-
-
-@dataclass(frozen=True)
-class PartitionLimits:
-    """What a row may reference in this partition."""
-
-    partition_id: int
-    vocab_size: int
-    block_size: int
-    num_blocks: int  # per block group
-    block_groups: tuple[str, ...]  # the groups every sequence has a table in
 
 
 class StepRuntime(Protocol):
@@ -63,16 +53,6 @@ class RowOutcome:
     error: Optional[str]
     num_accepted: int = 0         # draft tokens accepted before it
     proposals: list[int] = field(default_factory=list)
-
-
-@dataclass
-class SequenceState:
-    token_ids: list[int]  # prompt, then the output tokens committed so far
-    num_computed_tokens: int
-    block_tables: dict[str, list[int]] = field(default_factory=dict)
-    logit_bias: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-    # The token the sequence's last row sampled, until the next row feeds it (append_last_sampled).
-    last_sampled: Optional[int] = None
 
 
 class PartitionExecutor:
@@ -183,7 +163,7 @@ class PartitionExecutor:
     def _new_state(self, new: NewSequence) -> SequenceState:
         if new.seq_id in self._sequences:
             raise RowError(f"new sequence {new.seq_id} is already live")
-        self._check_token_ids(new.prompt_token_ids, "prompt")
+        check_token_ids(new.prompt_token_ids, "prompt", self._limits)
         if new.num_cached_tokens >= max(1, len(new.prompt_token_ids)):
             raise RowError(f"new sequence {new.seq_id}: {new.num_cached_tokens} cached tokens "
                            f"leave nothing of its {len(new.prompt_token_ids)} prompt tokens to "
@@ -200,14 +180,9 @@ class PartitionExecutor:
                            f"{len(new.logit_bias_values)} values")
         if not new.logit_bias_token_ids:
             return None
-        self._check_token_ids(new.logit_bias_token_ids, "logit bias")
+        check_token_ids(new.logit_bias_token_ids, "logit bias", self._limits)
         return (torch.tensor(new.logit_bias_token_ids, dtype=torch.int64),
                 torch.tensor(new.logit_bias_values, dtype=torch.float32))
-
-    def _check_token_ids(self, token_ids: tuple[int, ...], what: str) -> None:
-        if token_ids and max(token_ids) >= self._limits.vocab_size:
-            raise RowError(f"{what} token id {max(token_ids)} is outside the vocabulary "
-                           f"of {self._limits.vocab_size}")
 
     def _prepare_or_error(self, row: ScheduledRow,
                           rejected: dict[int, str]) -> Union[SequenceChunk, RowError]:
@@ -226,8 +201,8 @@ class PartitionExecutor:
         state = self._sequences.get(row.seq_id)
         if state is None:
             raise RowError(f"unknown seq_id {row.seq_id}")
-        appended = self._appended_tokens(row, state)
-        self._validate(row, state, appended)
+        appended = appended_tokens(row, state)
+        check_row(row, state, appended, self._limits)
         allowed, bitmask = (decode_token_mask(row.mask, self._limits.vocab_size)
                             if row.sample and row.mask is not None else (None, None))
         draft_masks = [decode_token_mask(mask, self._limits.vocab_size)
@@ -251,63 +226,6 @@ class PartitionExecutor:
                              num_drafts=len(row.draft_token_ids),
                              draft_forced=list(row.draft_forced), draft_masks=draft_masks,
                              num_proposals=row.num_proposals)
-
-    @staticmethod
-    def _appended_tokens(row: ScheduledRow, state: SequenceState) -> tuple[int, ...]:
-        """The tokens the row adds to its sequence: the one its previous row sampled, when the
-        row was planned before that answer, then those the scheduler sent."""
-        if not row.append_last_sampled:
-            return row.append_token_ids
-        if state.last_sampled is None:
-            raise RowError(f"row of sequence {row.seq_id} feeds its last sampled token, but its "
-                           f"previous row sampled none")
-        return (state.last_sampled,) + row.append_token_ids
-
-    def _validate(self, row: ScheduledRow, state: SequenceState,
-                  appended: tuple[int, ...]) -> None:
-        start, end = row.num_computed_tokens, row.num_computed_tokens + row.num_new_tokens
-        if row.num_new_tokens == 0:
-            raise RowError(f"row of sequence {row.seq_id} computes no tokens")
-        if start != state.num_computed_tokens:
-            raise RowError(f"non-contiguous position for sequence {row.seq_id}: row starts at "
-                           f"{start}, {state.num_computed_tokens} positions are cached")
-        self._check_token_ids(row.append_token_ids, "appended")
-        self._check_token_ids(row.draft_token_ids, "draft")
-        check_drafts(row)
-        known = len(state.token_ids) + len(appended)
-        if end > known:
-            raise RowError(f"row of sequence {row.seq_id} needs tokens up to position {end - 1}, "
-                           f"only {known} tokens are known")
-        new_by_group: dict[str, GroupBlocks] = {}
-        for blocks in row.new_blocks:
-            self._check_new_blocks(blocks, state, new_by_group)
-            new_by_group[blocks.group] = blocks
-        for group, table in state.block_tables.items():
-            self._check_table_length(group, table, new_by_group.get(group),
-                                     end + len(row.draft_token_ids))
-
-    def _check_new_blocks(self, blocks: GroupBlocks, state: SequenceState,
-                          seen: dict[str, GroupBlocks]) -> None:
-        if blocks.group not in state.block_tables:
-            raise RowError(f"unknown block group {blocks.group!r}")
-        if blocks.group in seen:
-            raise RowError(f"block group {blocks.group!r} listed twice in one row")
-        out_of_range = [block for block in blocks.block_ids if block >= self._limits.num_blocks]
-        if out_of_range:
-            raise RowError(f"{blocks.group} block id {out_of_range[0]} is out of range "
-                           f"(the partition has {self._limits.num_blocks} blocks)")
-        table_len = len(state.block_tables[blocks.group])
-        if blocks.first_logical_block < table_len:
-            raise RowError(f"{blocks.group} blocks start at logical block "
-                           f"{blocks.first_logical_block}, the table already has {table_len}")
-
-    def _check_table_length(self, group: str, table: list[int], new: Optional[GroupBlocks],
-                            end: int) -> None:
-        length = len(table) if new is None else new.first_logical_block + len(new.block_ids)
-        needed = -(-end // self._limits.block_size)
-        if length < needed:
-            raise RowError(f"missing {group} blocks: {end} positions need {needed} blocks, "
-                           f"the table has {length}")
 
     @staticmethod
     def _row_results(rows: tuple[ScheduledRow, ...], prepared: list[Union[SequenceChunk, RowError]],

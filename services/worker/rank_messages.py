@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 from services.common.config import SpeculativeConfig
 from services.common.step_descriptors import StepMasks, StepPlan
-from services.worker.executor import PartitionLimits
+from services.worker.sequence_state import PartitionLimits
 from services.worker.model.parallel import ParallelLayout
 
 

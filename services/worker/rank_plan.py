@@ -9,7 +9,8 @@ import torch
 
 from services.common.config import WorkerConfig
 from services.worker.capacity import ModelFacts, describe_model
-from services.worker.executor import PartitionLimits, StepRuntime
+from services.worker.executor import StepRuntime
+from services.worker.sequence_state import PartitionLimits
 from services.worker.model.collectives import Collectives
 from services.worker.model.parallel import ParallelLayout
 from services.worker.rank_messages import RankSpec

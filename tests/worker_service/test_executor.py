@@ -7,7 +7,8 @@ import torch
 
 from services.common.step_descriptors import (GroupBlocks, NewSequence, RowMask, ScheduledRow,
                                               StepMasks, StepPlan, TokenMask)
-from services.worker.executor import PartitionExecutor, PartitionLimits
+from services.worker.executor import PartitionExecutor
+from services.worker.sequence_state import PartitionLimits
 from services.worker.row_masks import RowError, decode_token_mask
 from tests.worker_service.fake_runtime import FAKE_VOCAB_SIZE, FakeRuntime, fake_next_token
 
