@@ -7,34 +7,8 @@ import grpc
 
 from services.common import grpc_server
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.executor import StepPlan, StepResult
 from services.worker.server import SERVICE_NAME, WorkerServicer
-
-
-class GatedRanks:
-    """Stands in for the rank group: each step waits until the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.stepping = asyncio.Event()
-        self._in_flight: set[asyncio.Task] = set()
-
-    async def reset(self) -> None:
-        return None
-
-    def hand_over(self, plan: StepPlan, masks: object = None) -> asyncio.Future:
-        self.stepping.set()
-        answered = asyncio.ensure_future(self._answer(plan))
-        self._in_flight.add(answered)
-        answered.add_done_callback(self._in_flight.discard)
-        return answered
-
-    async def settled(self) -> None:
-        await asyncio.gather(*self._in_flight, return_exceptions=True)
-
-    async def _answer(self, plan: StepPlan) -> StepResult:
-        await self.gate.wait()
-        return StepResult(step_id=plan.step_id)
+from tests.worker_service.gated_ranks import GatedRanks
 
 
 def test_drain_lets_the_step_in_flight_finish_then_ends_the_stream_unavailable() -> None:
