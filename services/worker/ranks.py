@@ -24,9 +24,8 @@ import concurrent.futures
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NoReturn, Optional
 
@@ -35,23 +34,17 @@ import torch.multiprocessing as torch_mp
 
 from services.common.step_descriptors import StepPlan, StepResult, merge_results
 from services.worker.rank_messages import (JoinWorld, RankCommand, RankFailed, RankJoined,
-                                           RankLoaded, RankSpec, ResetSequences, Shutdown)
+                                           RankLoaded, RankSpec, ResetSequences)
 from services.worker.rank_plan import RuntimeFactory, StoreAddress
+from services.worker.rank_processes import (REAP_TIMEOUT_S, RankProcess, describe_exit, kill_all,
+                                             stop_all)
 from services.worker.rank_process import rank_main
 
 _STORE_TIMEOUT = timedelta(seconds=120)
-_REAP_TIMEOUT_S = 5.0
 
 
 class RankGroupError(Exception):
     """A rank failed to start or exited; the message says which and why."""
-
-
-@dataclass
-class _RankProcess:
-    spec: RankSpec
-    process: Any  # torch.multiprocessing SpawnProcess
-    conn: Connection
 
 
 class RankGroup:
@@ -70,7 +63,7 @@ class RankGroup:
         self._factory = factory
         self._store_address = store
         self.forms_world_alone = forms_world_alone
-        self._ranks: list[_RankProcess] = []
+        self._ranks: list[RankProcess] = []
         self._store: Optional[dist.TCPStore] = None
         # Why the group can no longer run steps (a rank exited, stop() began); None while healthy.
         self._failure: Optional[str] = None
@@ -191,7 +184,7 @@ class RankGroup:
                                           name=f"dsv4serve-rank{spec.rank}", daemon=True)
                 process.start()
                 child_conn.close()
-                self._ranks.append(_RankProcess(spec, process, parent_conn))
+                self._ranks.append(RankProcess(spec, process, parent_conn))
         for rank in self._ranks:
             self._expect(rank, RankLoaded, "failed to start")
         if join_round is not None:
@@ -206,7 +199,7 @@ class RankGroup:
 
     def _respawn(self, round_: int) -> None:
         """Replace every local rank (one has exited) with fresh ones that join `round_`."""
-        self._stop_blocking(_REAP_TIMEOUT_S)
+        self._stop_blocking(REAP_TIMEOUT_S)
         self._ranks, self._failure, self.world_round = [], None, 0
         self._spawn_all(round_)
 
@@ -215,7 +208,7 @@ class RankGroup:
             self._expect(rank, RankJoined, f"failed to join world round {round_}")
         self.world_round = round_
 
-    def _expect(self, rank: _RankProcess, kind: type, failing: str) -> None:
+    def _expect(self, rank: RankProcess, kind: type, failing: str) -> None:
         message = self._receive(rank)
         if isinstance(message, RankFailed):
             raise RankGroupError(f"rank {message.rank} {failing}: {message.error}")
@@ -253,9 +246,9 @@ class RankGroup:
             try:
                 rank.conn.send_bytes(message)
             except (BrokenPipeError, ConnectionResetError, OSError):
-                self._fail(self._describe_exit(self._ranks))
+                self._fail(describe_exit(self._ranks))
 
-    def _receive(self, rank: _RankProcess) -> Any:
+    def _receive(self, rank: RankProcess) -> Any:
         """Waits for the rank's next message, or for any rank to exit (then raises)."""
         self._raise_if_failed()
         watched = [rank.conn] + [other.process.sentinel for other in self._ranks]
@@ -265,7 +258,7 @@ class RankGroup:
                 return rank.conn.recv()
             except (EOFError, OSError):
                 pass
-        self._fail(self._describe_exit(self._ranks))
+        self._fail(describe_exit(self._ranks))
 
     def _fail(self, reason: str) -> NoReturn:
         self._failure = self._failure or reason
@@ -279,43 +272,16 @@ class RankGroup:
             raise RankGroupError(self._failure)
 
     # ---- any thread -----------------------------------------------------------------------------
-    def _wait_for_exit_blocking(self, ranks: list[_RankProcess]) -> str:
+    def _wait_for_exit_blocking(self, ranks: list[RankProcess]) -> str:
         wait([rank.process.sentinel for rank in ranks])
-        return self._describe_exit(ranks)
-
-    @staticmethod
-    def _describe_exit(ranks: list[_RankProcess]) -> str:
-        for rank in ranks:
-            if wait([rank.process.sentinel], timeout=0):
-                # The sentinel fires as the process closes its fds, just before it can be reaped.
-                rank.process.join(_REAP_TIMEOUT_S)
-                return (f"rank {rank.spec.rank} (pid {rank.process.pid}) exited with code "
-                        f"{rank.process.exitcode}")
-        return "a rank closed its pipe"
+        return describe_exit(ranks)
 
     def _kill_blocking(self) -> None:
         with self._spawn_lock:
             ranks = list(self._ranks)
-        for rank in ranks:
-            rank.process.kill()
-        for rank in ranks:
-            rank.process.join()
+        kill_all(ranks)
 
     def _stop_blocking(self, timeout_s: float) -> None:
         with self._spawn_lock:
             ranks = list(self._ranks)
-        for rank in ranks:
-            try:
-                rank.conn.send(Shutdown())
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                pass
-        for rank in ranks:
-            rank.process.join(timeout_s)
-            if rank.process.is_alive():
-                rank.process.terminate()
-                rank.process.join(timeout_s)
-            if rank.process.is_alive():
-                rank.process.kill()
-                rank.process.join()
-        for rank in ranks:
-            rank.conn.close()
+        stop_all(ranks, timeout_s)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 import grpc
 
-from services.common.build_info import ABI_VERSION, build_id
+from services.common.build_info import ABI_VERSION
 from services.common.grpc_server import RunningServer, serve_until_signal, start_server
 from services.common.config import WorkerConfig
 from services.common.pb.dsv4serve.v1 import worker_pb2, worker_pb2_grpc
 from services.common.step_protos import plan_from_proto, result_to_proto
-from services.worker.capacity import ModelFacts
+from services.worker.describe import describe_response
 from services.worker.sequence_log import SequenceLog
 from services.worker.step_stream import StepInbox
 from services.worker.rank_plan import (ModelRuntimeFactory, RuntimeFactory, rank_specs,
@@ -31,30 +30,6 @@ from services.worker.ranks import RankGroup, RankGroupError
 
 _LOG = logging.getLogger(__name__)
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-
-def describe_response(config: WorkerConfig, facts: ModelFacts) -> worker_pb2.DescribeResponse:
-    """The static part of Describe (`world_round` is filled in per call); `instance_id` is drawn
-    once per process."""
-    topology = config.topology
-    ranks = config.driven_ranks
-    return worker_pb2.DescribeResponse(
-        abi_version=ABI_VERSION, build_id=build_id(), model_fingerprint=facts.model_fingerprint,
-        topology=worker_pb2.Topology(world_size=topology.world_size, dp=topology.dp, tp=topology.tp,
-                                     ep=topology.ep, host_ranks=ranks, backend=topology.backend),
-        block_size=config.block_size, vocab_size=facts.vocab_size,
-        eos_token_id=facts.eos_token_id,
-        partition_ids=sorted({rank // topology.tp for rank in ranks}),
-        block_groups=[worker_pb2.BlockGroup(name=group.name, num_blocks=group.num_blocks,
-                                            bytes_per_block=group.bytes_per_block,
-                                            sliding_window=group.sliding_window)
-                      for group in facts.block_groups],
-        cache_families=[worker_pb2.CacheFamily(name=family.name, group=family.group,
-                                               rows_per_block=family.rows_per_block,
-                                               bytes_per_block=family.bytes_per_block)
-                        for family in facts.cache_families],
-        max_num_batched_tokens=config.max_num_batched_tokens, compute_dtype=facts.compute_dtype,
-        max_num_seqs=facts.max_num_seqs, instance_id=secrets.randbits(63))
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
