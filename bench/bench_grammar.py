@@ -92,7 +92,7 @@ def bench_masks(service: GrammarService, matcher: RequestMatcher, token_ids: lis
         count = matcher._fill_mask()
         fill.append(time.perf_counter() - started)
         started = time.perf_counter()
-        ids = matcher._allowed_ids().tolist()
+        ids = matcher._set_bits(matcher._words()).tolist()
         proto_short = worker_pb2.TokenMask(allowed_token_ids=ids).SerializeToString()
         short.append(time.perf_counter() - started)
         started = time.perf_counter()
@@ -139,7 +139,7 @@ def bench_crossover(matcher: RequestMatcher) -> None:
         ids = np.sort(rng.choice(VOCAB_SIZE, size=count, replace=False))
         np.bitwise_or.at(words.view(np.uint32)[0], ids // 32, (1 << (ids % 32)).astype(np.uint32))
         short_s = best_of(lambda: worker_pb2.TokenMask(
-            allowed_token_ids=matcher._allowed_ids().tolist()).SerializeToString())
+            allowed_token_ids=matcher._set_bits(matcher._words()).tolist()).SerializeToString())
         long_s = best_of(lambda: worker_pb2.TokenMask(
             bitmask=words.astype("<i4", copy=False).tobytes()).SerializeToString())
         short = worker_pb2.TokenMask(allowed_token_ids=ids.tolist()).SerializeToString()
