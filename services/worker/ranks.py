@@ -93,7 +93,7 @@ class RankGroup:
     async def step(self, plan: StepPlan,
                    masks: Optional[concurrent.futures.Future] = None) -> StepResult:
         """Runs the step on every rank (see `hand_over`) and returns the merged answers."""
-        return await asyncio.shield(self.hand_over(plan, masks))
+        return await self.hand_over(plan, masks)
 
     def hand_over(self, plan: StepPlan,
                   masks: Optional[concurrent.futures.Future] = None) -> asyncio.Future:
@@ -108,7 +108,7 @@ class RankGroup:
         answered = asyncio.wrap_future(self._answers.submit(self._collect_step, plan, sent))
         self._steps_in_flight.add(answered)
         answered.add_done_callback(self._step_settled)
-        return answered
+        return asyncio.shield(answered)  # a cancelled caller's step is still read in its turn
 
     async def settled(self) -> None:
         """Returns once every step handed over so far has been answered or has failed."""
@@ -145,8 +145,7 @@ class RankGroup:
 
     def _step_settled(self, answered: asyncio.Future) -> None:
         self._steps_in_flight.discard(answered)
-        if not answered.cancelled():
-            answered.exception()  # read here: a caller that gave up never will
+        answered.exception()  # read here: a caller that gave up never will
 
     async def _in_command_thread(self, function: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from tests.worker_service.fake_runtime import FakeRuntimeFactory, fake_next_toke
 
 STEP_TIMEOUT_S = 120.0
 PROMPT = (5, 6, 7)
+OTHER_PROMPT = (8, 9, 10)
 
 
 def assert_processes_gone(pids: list[int]) -> None:
@@ -110,3 +111,41 @@ def test_two_ranks_run_a_step_handed_over_before_the_last_was_answered_on_the_to
     assert token == fake_next_token(0, list(PROMPT))
     assert [(r.sampled_token_id, r.error) for r in second_answer.results] == [
         (fake_next_token(3, [token]), ""), (17, "")]
+
+
+@pytest.mark.slow  # spawns a rank
+def test_steps_whose_callers_gave_up_are_answered_in_turn_so_the_next_step_gets_its_own_answer():
+    """A Step stream that ends with two steps handed over leaves their answers to be read in turn:
+    the step after the next stream's reset gets its own answer, not one of theirs."""
+    factory = FakeRuntimeFactory()
+    config = WorkerConfig(model_dir=Path("/nonexistent-fake-model"), port=0, block_size=4)
+    blocks = (GroupBlocks("window", 0, (0,)), GroupBlocks("compressed", 0, (0,)))
+    # Its mask follows: until the test sends it, step 1 cannot be answered and 2 waits its turn.
+    prefill = StepPlan(1, new_sequences=(NewSequence(3, 0, PROMPT),), rows=(
+        ScheduledRow(3, 0, 3, new_blocks=blocks, sample=True, mask_follows=True),))
+    decode = StepPlan(2, rows=(ScheduledRow(3, 3, 1, sample=True, append_last_sampled=True),))
+
+    async def scenario():
+        ranks = RankGroup(rank_specs(config, factory.describe(config)), factory,
+                          store_address(config), forms_world_alone=True)
+        try:
+            await asyncio.wait_for(ranks.start(), STEP_TIMEOUT_S)
+            masks: concurrent.futures.Future = concurrent.futures.Future()
+            abandoned = [ranks.hand_over(prefill, masks), ranks.hand_over(decode)]
+            for future in abandoned:
+                future.cancel()  # their callers gave up: the steps still run
+            await asyncio.sleep(0)  # the cancellations take effect
+            masks.set_result(StepMasks(1, (RowMask(3, TokenMask(allowed_token_ids=(5, 17))),)))
+            await ranks.reset()
+            fresh = await asyncio.wait_for(ranks.step(StepPlan(
+                7, new_sequences=(NewSequence(3, 0, OTHER_PROMPT),),
+                rows=(ScheduledRow(3, 0, 3, new_blocks=blocks, sample=True),))), STEP_TIMEOUT_S)
+            await asyncio.wait_for(ranks.settled(), STEP_TIMEOUT_S)
+            return fresh, ranks.busy
+        finally:
+            await ranks.stop()
+
+    fresh, busy = asyncio.run(scenario())
+    assert fresh.step_id == 7 and not busy
+    assert [(r.seq_id, r.sampled_token_id, r.error) for r in fresh.results] == [
+        (3, fake_next_token(0, list(OTHER_PROMPT)), "")]
