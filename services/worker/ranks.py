@@ -53,8 +53,9 @@ class RankGroup:
     Blocking pipe work runs on two dedicated threads — one sends every command in order, one reads
     the steps' answers in order — so the event loop never blocks. Once a rank has exited (or `stop`
     began), every later step raises `RankGroupError` — until a `join` respawns the ranks (worlds of
-    several hosts only). A command other than a step (start, join, reset) needs no step in flight:
-    its caller awaits `settled()` first where one may be.
+    several hosts only). A reset goes to the ranks in order behind the steps before it; a join
+    reads the ranks' replies on the send thread, so it needs no step in flight (JoinWorld awaits
+    `settled()` first).
     """
 
     def __init__(self, specs: list[RankSpec], factory: RuntimeFactory, store: StoreAddress,

@@ -106,6 +106,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if response is None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
                 yield response
+            await handing  # the stream ended; raises what stopped the hand-over otherwise
         finally:
             handing.cancel()
             await asyncio.gather(handing, return_exceptions=True)
@@ -169,7 +170,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def _answer(self, request: worker_pb2.StepRequest, answered: asyncio.Future,
                       inbox: StepInbox) -> worker_pb2.StepResponse:
         try:
-            result = await asyncio.shield(answered)
+            result = await answered
         except RankGroupError as error:
             self._sequences.step_failed(request, str(error))
             return worker_pb2.StepResponse(step_id=request.step_id,
