@@ -4,7 +4,15 @@ For each preset a random checkpoint is generated into a temporary directory; eac
 one all-prefill step (batch × prompt_len tokens), then `decode_steps` steps of batch single-token
 rows. Peak RSS is the process's high-water mark after the preset (it includes earlier presets).
 
+Decode memory traffic is estimated from above: every resident weight but the embedding table (a
+decode step gathers `batch` rows of it) and the MTP block (plain decode does not run it), read once
+per step, plus every cache block each sequence holds at the middle of the decode (a windowed group
+keeps its window's blocks). Routed experts no token of the step chose are counted too, so small
+batches read less than this (bench-1024, top-6 of 64 experts: ~61 of 64 hit per layer at batch 32). That over `decode` step time gives GB/s; with `--peak-gbs` (the device's
+memory bandwidth, e.g. 4800 for an H200) also the fraction of it achieved.
+
     python bench/bench_model.py [--presets tiny-a bench-1024] [--batches 1 8 32]
+                                [--device cuda --dtype bfloat16 --peak-gbs 4800]
 """
 from __future__ import annotations
 
@@ -25,6 +33,17 @@ BLOCK_SIZE = 32
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def decode_bytes_per_step(runtime: ModelRuntime, batch: int, tokens_per_seq: int) -> int:
+    """Upper estimate of the bytes one decode step reads (see the module docstring)."""
+    weights = runtime.weights.resident_bytes(skip_prefixes=("embed.", "mtp."))
+    cost = ModelRuntime.block_bytes(runtime.config, BLOCK_SIZE, runtime.cfg.dtype)
+    held = math.ceil(tokens_per_seq / BLOCK_SIZE)
+    per_seq = sum(size * (min(held, math.ceil(window / BLOCK_SIZE) + 1) if window else held)
+                  for group, size in cost.group_block_bytes.items()
+                  for window in (cost.group_windows[group],))
+    return weights + batch * per_seq
 
 
 def bench_batch(runtime: ModelRuntime, batch: int, prompt_len: int, decode_steps: int,
@@ -61,6 +80,8 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--peak-gbs", type=float, default=None,
+                        help="the device's peak memory bandwidth in GB/s (prints the fraction)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,7 +89,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
           f"{args.device}, prompt {args.prompt_len} tokens, {args.decode_steps} decode steps")
     print(f"{'preset':<12}{'batch':>6}{'prefill tok/s':>15}{'decode tok/s':>14}"
-          f"{'peak RSS MiB':>14}")
+          f"{'peak RSS MiB':>14}{'MB/step':>10}{'decode GB/s':>13}"
+          + (f"{'of peak':>9}" if args.peak_gbs else ""))
     for preset in args.presets:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = write_tiny_checkpoint(Path(tmp), preset=preset)
@@ -81,8 +103,12 @@ def main() -> None:
             for batch in args.batches:
                 prefill, decode = bench_batch(runtime, batch, args.prompt_len,
                                               args.decode_steps, first_seq=batch * 1000)
+                step_bytes = decode_bytes_per_step(
+                    runtime, batch, args.prompt_len + args.decode_steps // 2)
+                gbs = step_bytes * decode / batch / 1e9
                 print(f"{preset:<12}{batch:>6}{prefill:>15.1f}{decode:>14.1f}"
-                      f"{peak_rss_mib():>14.0f}", flush=True)
+                      f"{peak_rss_mib():>14.0f}{step_bytes / 1e6:>10.1f}{gbs:>13.2f}"
+                      + (f"{gbs / args.peak_gbs:>9.1%}" if args.peak_gbs else ""), flush=True)
             del runtime
 
 

@@ -40,6 +40,11 @@ class ModelWeights:
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._tensors[name]
 
+    def resident_bytes(self, skip_prefixes: tuple[str, ...] = ()) -> int:
+        """Bytes of the tensors as held (after conversion), but for names with `skip_prefixes`."""
+        return sum(t.numel() * t.element_size() for name, t in self._tensors.items()
+                   if not name.startswith(skip_prefixes))
+
     def hc(self, prefix: str, kind: str) -> HcParams:
         """mHC parameters `{prefix}hc_{kind}_{fn,base,scale}` (kind: attn, ffn or head)."""
         return HcParams(fn=self[f"{prefix}hc_{kind}_fn"], base=self[f"{prefix}hc_{kind}_base"],
