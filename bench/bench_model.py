@@ -8,8 +8,9 @@ Decode memory traffic is estimated from above: every resident weight but the emb
 decode step gathers `batch` rows of it) and the MTP block (plain decode does not run it), read once
 per step, plus every cache block each sequence holds at the middle of the decode (a windowed group
 keeps its window's blocks). Routed experts no token of the step chose are counted too, so small
-batches read less than this (bench-1024, top-6 of 64 experts: ~61 of 64 hit per layer at batch 32). That over `decode` step time gives GB/s; with `--peak-gbs` (the device's
-memory bandwidth, e.g. 4800 for an H200) also the fraction of it achieved.
+batches read less than this (bench-1024, top-6 of 64 experts: ~61 of 64 hit per layer at batch
+32). That over `decode` step time gives GB/s; with `--peak-gbs` (the device's memory bandwidth,
+e.g. 4800 for an H200) also the fraction of it achieved.
 
     python bench/bench_model.py [--presets tiny-a bench-1024] [--batches 1 8 32]
                                 [--device cuda --dtype bfloat16 --peak-gbs 4800]
@@ -40,9 +41,10 @@ def decode_bytes_per_step(runtime: ModelRuntime, batch: int, tokens_per_seq: int
     weights = runtime.weights.resident_bytes(skip_prefixes=("embed.", "mtp."))
     cost = ModelRuntime.block_bytes(runtime.config, BLOCK_SIZE, runtime.cfg.dtype)
     held = math.ceil(tokens_per_seq / BLOCK_SIZE)
-    per_seq = sum(size * (min(held, math.ceil(window / BLOCK_SIZE) + 1) if window else held)
-                  for group, size in cost.group_block_bytes.items()
-                  for window in (cost.group_windows[group],))
+    per_seq = 0
+    for group, block_bytes in cost.group_block_bytes.items():
+        window = cost.group_windows[group]
+        per_seq += block_bytes * (min(held, math.ceil(window / BLOCK_SIZE) + 1) if window else held)
     return weights + batch * per_seq
 
 

@@ -8,8 +8,9 @@ prefix-cache hit begins with `num_cached_tokens` positions cached; its first row
 blocks (a windowed group's table gets -1 for the blocks before the hit's window: never read).
 
 A bad row (unknown sequence, a gap in positions, blocks missing or out of range, a mask that allows
-nothing) fails alone: it is not computed, its sequence's state is left as it was (but for a token to
-feed: a failed row leaves none), and the other rows of the step still run (sequence_state.py checks).
+nothing) fails alone: it is not computed, its sequence's state is left as it was (but for a token
+to feed: a failed row leaves none), and the other rows of the step still run (the checks are in
+sequence_state.py).
 
 The ranks of every partition receive the same plan; an executor runs only the rows and new sequences
 of its own partition (`PartitionLimits.partition_id`).

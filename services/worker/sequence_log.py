@@ -1,4 +1,5 @@
-"""The worker host's log of its sequences: starts and failures under each request's correlation id."""
+"""The worker host's log of its sequences: starts and failures under each request's correlation
+id."""
 from __future__ import annotations
 
 import logging

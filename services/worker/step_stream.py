@@ -3,8 +3,8 @@
 The scheduler may send step N+1 before step N is answered, and a masks message after a step whose
 rows' masks follow. `StepInbox` reads the stream in its own task: steps queue up in order (the
 servicer hands them to the ranks in that order), masks resolve the future that the ranks' command
-thread waits on. When the stream ends, every step still waiting for masks gets an empty set (its late rows fail;
-nobody reads their answers).
+thread waits on. When the stream ends, every step still waiting for masks gets an empty set (its
+late rows fail; nobody reads their answers).
 
 A row that says `append_last_sampled` is fed by the ranks themselves (executor.py), so the host
 passes each step on as it arrives.
