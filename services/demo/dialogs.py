@@ -13,11 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from services.demo import values
+from services.demo import fresh_values, values
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
 DRILLS_PER_STEP = 16         # short copy drills learnt beside every training scene
+REDRAWS = 20                 # draws of a value `accepts` refuses before it is kept anyway
 REPEAT_PROMPTS = ("Repeat after me: {value}", "Say \"{value}\".", "Please repeat this: {value}",
                   "Echo: {value}", "Copy this exactly: {value}")
 DRILL_VALUES = ("words", "city", "full_name", "path", "email", "command", "title", "date")
@@ -72,12 +73,21 @@ class DialogGenerator:
     """Scenes and examples of one split (training or held-out), seeded."""
 
     def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
-                 strings: Optional[Callable[[random.Random], str]] = None):
-        """`strings`, if given, draws every free-text argument value (in place of the lists)."""
+                 strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
+                 accepts: Optional[Callable[[str], bool]] = None):
+        """`strings`, if given, draws every free-text argument value (in place of the lists);
+        `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
+        `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
+        tokens the trained vocabulary lacks)."""
+        if fresh and held_out:
+            raise ValueError("fresh values are training values")
         self.seed = seed
         self.held_out = held_out
         self.thinking_share = thinking_share
         self.strings = strings
+        self.makers = fresh_values.MAKERS if fresh else values.MAKERS
+        self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
+        self.accepts = accepts
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
@@ -93,10 +103,10 @@ class DialogGenerator:
         prompt's tokens gets them right, where a listed name can also be recalled."""
         if long_drills:
             rng = random.Random(f"{self.seed}:{self.held_out}:long-drill:{index}")
-            makes = [lambda: values.drill_chain(rng, self.held_out)] * long_drills
+            makes = [lambda: self._draw(self.drill_chain, rng)] * long_drills
         else:
             rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
-            makes = [lambda: values.MAKERS[rng.choice(DRILL_VALUES)](rng, self.held_out)
+            makes = [lambda: self._draw(self.makers[rng.choice(DRILL_VALUES)], rng)
                      ] * DRILLS_PER_STEP
         examples = []
         for make in makes:
@@ -223,7 +233,15 @@ class DialogGenerator:
         return text, text
 
     def _text(self, rng: random.Random, kind: str) -> str:
-        return self.strings(rng) if self.strings else values.MAKERS[kind](rng, self.held_out)
+        return self.strings(rng) if self.strings else self._draw(self.makers[kind], rng)
+
+    def _draw(self, maker: Callable[[random.Random, bool], str], rng: random.Random) -> str:
+        value = maker(rng, self.held_out)
+        for _ in range(REDRAWS if self.accepts else 0):
+            if self.accepts(value):
+                break
+            value = maker(rng, self.held_out)
+        return value
 
     def _result_fields(self, rng: random.Random, args: dict[str, Any]) -> dict[str, str]:
         return {"condition": rng.choice(CONDITIONS), "temperature": f"{rng.randint(-5, 35)}C",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-FIRST, COPY, INDUCTION, SPAN = "first", "copy", "induction", "span"
+FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fresh"
 # Settings a state saved by an older trainer lacks, with the values it ran under.
-LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0}
+LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
+                   "fresh_steps": 0}
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,22 @@ class TrainSettings:
     span_drills: int = 16
     span_learning_rate: float = 1e-3
     span_warmup_steps: int = 20
+    # The fresh phase after those (usually from a warm start): the copy phase's stream with
+    # every value drawn anew (fresh_values.py), so that no value can be recalled, with
+    # `fresh_examples` examples per scene, and `fresh_random_drills` random-string drills. Its
+    # own warm-up and cosine from `fresh_learning_rate`.
+    fresh_steps: int = 0
+    fresh_examples: int = 24
+    fresh_random_drills: int = 16
+    fresh_learning_rate: float = 1e-3
+    fresh_warmup_steps: int = 20
 
     @property
     def total_steps(self) -> int:
+        return self._fresh_from + self.fresh_steps
+
+    @property
+    def _fresh_from(self) -> int:
         return self.steps + self.copy_steps + self.induction_steps + self.span_steps
 
     def phase(self, index: int) -> str:
@@ -66,7 +80,9 @@ class TrainSettings:
             return FIRST
         if index < self.steps + self.copy_steps:
             return COPY
-        return INDUCTION if index < self.steps + self.copy_steps + self.induction_steps else SPAN
+        if index < self.steps + self.copy_steps + self.induction_steps:
+            return INDUCTION
+        return SPAN if index < self._fresh_from else FRESH
 
     def mixes_stream(self, index: int) -> bool:
         """Whether an induction-phase step also learns the copy phase's stream."""
@@ -88,8 +104,11 @@ class TrainSettings:
         if phase == INDUCTION:
             return warmup_cosine(index - self.steps - self.copy_steps, self.induction_steps,
                                  self.induction_warmup_steps, self.induction_learning_rate)
-        return warmup_cosine(index - self.steps - self.copy_steps - self.induction_steps,
-                             self.span_steps, self.span_warmup_steps, self.span_learning_rate)
+        if phase == SPAN:
+            return warmup_cosine(index - self.steps - self.copy_steps - self.induction_steps,
+                                 self.span_steps, self.span_warmup_steps, self.span_learning_rate)
+        return warmup_cosine(index - self._fresh_from, self.fresh_steps, self.fresh_warmup_steps,
+                             self.fresh_learning_rate)
 
 
 def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
@@ -100,7 +119,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     data = ("seed", "steps", "examples_per_scene", "mtp_weight", "clip_norm")
     by_phase = {COPY: ("long_drills", "key_weight"),
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
-                SPAN: ("long_drills", "key_weight", "span_calls", "span_drills")}
+                SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
+                FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

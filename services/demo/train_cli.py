@@ -43,6 +43,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--span-steps", type=int, default=defaults.span_steps,
                         help="steps of the span phase after those (random-string calls and "
                              "drills with repeated tokens, beside the copy phase's stream)")
+    parser.add_argument("--fresh-steps", type=int, default=defaults.fresh_steps,
+                        help="steps of the fresh phase after those (the copy phase's stream with "
+                             "every value drawn anew, and random-string drills)")
+    parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
+                        help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
                         help="start a new run from a compact checkpoint (e.g. "
                              f"{export.COMPACT_DIR}) instead of seeded weights; ignored when "
@@ -79,6 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
                              copy_cosine_steps=args.copy_cosine_steps,
                              induction_steps=args.induction_steps, span_steps=args.span_steps,
+                             fresh_steps=args.fresh_steps,
+                             fresh_learning_rate=args.fresh_learning_rate,
                              examples_per_scene=args.examples_per_scene)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)

@@ -21,7 +21,7 @@ from services.demo.evaluate import heldout_scenes
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.random_drills import RandomDrills
-from services.demo.schedule import FIRST, INDUCTION, SPAN, TrainSettings, continues
+from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
 from services.demo.warm_start import load_compact
 from services.worker.model.checkpoint import expected_tensors
@@ -67,6 +67,8 @@ class Trainer:
         self.history: list[dict] = []
         self._heldout_values: Optional[set[str]] = None
         self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
+        self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
+                                               accepts=self._spelled_by_vocab)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -115,7 +117,11 @@ class Trainer:
                        self.random_drills.scene(index, self.settings.span_drills, repeats=True)]
         if self.settings.random_calls_at(index):
             scenes.append(self.random_drills.call_scene(index, self.settings.random_calls_at(index)))
-        if phase != INDUCTION or self.settings.mixes_stream(index):
+        if phase == FRESH:
+            scenes += [*self.fresh_generator.training_scenes(
+                index, self.settings.fresh_examples, self.settings.long_drills),
+                self.random_drills.scene(index, self.settings.fresh_random_drills)]
+        elif phase != INDUCTION or self.settings.mixes_stream(index):
             scenes += self.generator.training_scenes(
                 index, self.settings.examples_per_scene,
                 0 if phase == FIRST else self.settings.long_drills)
@@ -130,6 +136,11 @@ class Trainer:
         if not kept_scenes:
             raise RuntimeError(f"training step {index} has no example inside the vocabulary")
         return kept_scenes
+
+    def _spelled_by_vocab(self, value: str) -> bool:
+        """Whether the trained vocabulary has every token of `value` after a space and after a
+        quote (how requests and calls spell it)."""
+        return all(self.vocab.covers(self.encoder.encode(lead + value)) for lead in " \"")
 
     def _holds_heldout_value(self, copied: list[str]) -> bool:
         """Whether a copy-phase value holds a held-out value: its stream is not part of the

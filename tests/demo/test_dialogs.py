@@ -120,3 +120,29 @@ def test_long_drills_copy_values_no_list_holds_and_no_held_out_name() -> None:
         assert not set(value.split()) & set(values.synthetic_names(True))
     assert generator.training_scenes(400, 2, long_drills=3)[2].examples[0].copy_values
     assert len(generator.training_scenes(400, 2)) == 2
+
+
+def test_fresh_values_are_drawn_anew_and_never_a_listed_or_held_out_one() -> None:
+    """The fresh phase's values cannot be recalled: names are new at nearly every draw, dates
+    and times vary in every digit, and none is an entry of either split's lists."""
+    generator = DialogGenerator(1, False, fresh=True)
+    rng = __import__("random").Random(3)
+    cities = [generator.makers["city"](rng, False) for _ in range(300)]
+    listed = {*lists.pool("city", False), *lists.pool("city", True), *values.synthetic_names(True),
+              *values.synthetic_names(False)}
+    assert len(set(cities)) > 290 and not set(cities) & listed
+    dates = [generator.makers["date"](rng, False) for _ in range(300)]
+    times = [generator.makers["clock_time"](rng, False) for _ in range(300)]
+    assert len({d[:4] for d in dates}) > 20 and len({t[-2:] for t in times}) > 40
+    tickers = {generator.makers["ticker"](rng, False) for _ in range(300)}
+    assert len(tickers) > 250 and not tickers & set(lists.pool("ticker", True))
+    with pytest.raises(ValueError):
+        DialogGenerator(1, True, fresh=True)
+
+
+def test_a_value_the_generator_refuses_is_drawn_again() -> None:
+    picky = DialogGenerator(1, False, fresh=True, accepts=lambda value: "a" not in value)
+    drills = picky.drill_scene(0).examples + picky.drill_scene(0, long_drills=8).examples
+    assert sum("a" in d.copy_values[0] for d in drills) <= 2
+    plain = DialogGenerator(1, False, fresh=True).drill_scene(0, long_drills=8).examples
+    assert sum("a" in d.copy_values[0] for d in plain) >= 4

@@ -3,6 +3,7 @@ plots, metrics, evaluation and compact checkpoint next to its state."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from services.demo.architecture import demo_config_json
 from services.demo.params import model_tensors, stored_tensors
 from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main
+from services.demo.schedule import COPY, FIRST, FRESH, SPAN, continues
 from services.demo.trainer import STATE_FILE, Trainer, TrainSettings, WarmStart
 
 TINY_RUN = TrainSettings(steps=2, examples_per_scene=2)
@@ -92,6 +94,31 @@ def test_an_induction_phase_step_learns_random_drills_and_every_mix_every_th_the
     assert kinds[0][0] == 4 and len(kinds[0]) > 1 and kinds[1] == [4]
     trainer.step_index = 1
     assert trainer.train_step()["lr"] == settings.induction_learning_rate / 10
+
+
+def test_the_fresh_phase_follows_the_others_on_a_schedule_of_its_own() -> None:
+    settings = TrainSettings(steps=2, copy_steps=1, span_steps=1, fresh_steps=4)
+    assert [settings.phase(i) for i in range(8)] == [FIRST] * 2 + [COPY, SPAN] + [FRESH] * 4
+    assert settings.total_steps == 8
+    assert settings.learning_rate_at(4) == settings.fresh_learning_rate / 20
+    other = replace(settings, fresh_examples=5)
+    assert continues(asdict(settings), other, 4) and not continues(asdict(settings), other, 5)
+
+
+def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: Path) -> None:
+    settings = TrainSettings(steps=1, examples_per_scene=2, copy_steps=0, fresh_steps=2,
+                             fresh_examples=3, fresh_random_drills=4, long_drills=2)
+    trainer = Trainer(tmp_path, settings)
+    # As above: a one-scene vocabulary, so the fresh stream is asked for and scene 0 given.
+    asked = []
+    stream = trainer.generator.training_scenes
+    trainer.fresh_generator.training_scenes = (
+        lambda index, examples, drills: asked.append((index, examples, drills))
+        or stream(0, examples, 0))
+    trainer._heldout_values = set()
+    sizes = [len(s.examples) for s in trainer._training_scenes(1)]
+    assert asked == [(1, 3, 2)] and sizes[-1] == 4 and len(sizes) > 1
+    assert trainer.fresh_generator.makers is not trainer.generator.makers
 
 
 def _exported(trainer: Trainer, out: Path) -> Path:

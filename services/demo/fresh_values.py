@@ -1,0 +1,109 @@
+"""Argument values drawn anew for every example: the fresh phase's makers (training split only).
+
+The lists of values.py are small enough for a tiny model to learn by heart, and it does: the
+committed step-700 model writes a training city or ticker where a held-out one should be copied
+(docs/demo-model.md). Every maker here draws from a space far too large to recall — invented
+names, word combinations, paths built from them, tickers of random letters, dates and times whose
+every digit varies — so the one way to get a value right is to copy it out of the request. Same
+kinds and signatures as `values.MAKERS` (the `held_out` argument is accepted and ignored: these
+makers serve training; the trainer keeps held-out values out of its examples).
+"""
+from __future__ import annotations
+
+import random
+import string
+from typing import Callable
+
+from services.demo import values
+from services.demo.lists import pool
+
+Maker = Callable[[random.Random, bool], str]
+
+
+def name(rng: random.Random, held_out: bool = False) -> str:
+    """A capitalised invented name; one in five has two words."""
+    first = values.fresh_name(rng, False)
+    return first if rng.random() < 0.8 else f"{first} {values.fresh_name(rng, False)}"
+
+
+def full_name(rng: random.Random, held_out: bool = False) -> str:
+    return f"{values.fresh_name(rng, False)} {values.fresh_name(rng, False)}"
+
+
+def lower_name(rng: random.Random) -> str:
+    return values.fresh_name(rng, False).lower()
+
+
+def words(rng: random.Random, held_out: bool = False, low: int = 1, high: int = 3) -> str:
+    """Words of the shared pool, with an invented lower-case word among them now and then."""
+    chosen = rng.sample(pool("word", False), rng.randint(low, high))
+    if rng.random() < 0.3:
+        chosen[rng.randrange(len(chosen))] = lower_name(rng)
+    return " ".join(chosen)
+
+
+def title(rng: random.Random, held_out: bool = False) -> str:
+    return words(rng, False, 1, 3).capitalize()
+
+
+def sentence(rng: random.Random, held_out: bool = False) -> str:
+    return words(rng, False, 3, 5)
+
+
+def _component(rng: random.Random) -> str:
+    return rng.choice(pool("word", False)) if rng.random() < 0.5 else lower_name(rng)
+
+
+def directory(rng: random.Random, held_out: bool = False) -> str:
+    root = rng.choice(("/", "/", "~/", "./", "/home/", "/srv/", "/var/"))
+    return root + "/".join(_component(rng) for _ in range(rng.randint(1, 3)))
+
+
+def file_name(rng: random.Random, held_out: bool = False) -> str:
+    stem = "_".join(_component(rng) for _ in range(rng.randint(1, 2)))
+    return stem + rng.choice(pool("ext", False))
+
+
+def path(rng: random.Random, held_out: bool = False) -> str:
+    return f"{directory(rng)}/{file_name(rng)}"
+
+
+def email(rng: random.Random, held_out: bool = False) -> str:
+    return f"{lower_name(rng)}@{rng.choice(values.DOMAINS)}"
+
+
+def command(rng: random.Random, held_out: bool = False) -> str:
+    shapes = (lambda: rng.choice(pool("command", False)),
+              lambda: f"cat {path(rng)}",
+              lambda: f"grep -n {_component(rng)} {path(rng)}",
+              lambda: f"mkdir -p {directory(rng)}",
+              lambda: f"ls -la {directory(rng)}",
+              lambda: f"tail -n {rng.randint(5, 200)} {path(rng)}",
+              lambda: f"{_component(rng)} --{_component(rng)}")
+    return rng.choice(shapes)()
+
+
+def ticker(rng: random.Random, held_out: bool = False) -> str:
+    return "".join(rng.choices(string.ascii_uppercase, k=rng.randint(2, 5)))
+
+
+def date(rng: random.Random, held_out: bool = False) -> str:
+    return f"{rng.randint(2000, 2039)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+
+
+def clock_time(rng: random.Random, held_out: bool = False) -> str:
+    return f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
+
+
+def drill_chain(rng: random.Random, held_out: bool = False) -> str:
+    """2–4 fresh values of mixed kinds in a row (the long drills of the fresh phase)."""
+    kinds = ("city", "person", "words", "path", "date", "clock_time", "ticker", "command")
+    return " ".join(MAKERS[rng.choice(kinds)](rng, False) for _ in range(rng.randint(2, 4)))
+
+
+MAKERS: dict[str, Maker] = {
+    "city": name, "person": name, "full_name": full_name, "words": words, "title": title,
+    "sentence": sentence, "directory": directory, "file_name": file_name, "path": path,
+    "email": email, "command": command, "ticker": ticker, "date": date, "clock_time": clock_time,
+    "fresh_name": name,
+}
