@@ -13,11 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from services.demo import fresh_values, values
+from services.demo import fresh_values, phrasing, values
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
 DRILLS_PER_STEP = 16         # short copy drills learnt beside every training scene
+FRAMED_SHARE = 0.6           # of call requests in a frame, when frames are on
 REDRAWS = 20                 # draws of a value `accepts` refuses before it is kept anyway
 REPEAT_PROMPTS = ("Repeat after me: {value}", "Say \"{value}\".", "Please repeat this: {value}",
                   "Echo: {value}", "Copy this exactly: {value}")
@@ -74,11 +75,12 @@ class DialogGenerator:
 
     def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
-                 accepts: Optional[Callable[[str], bool]] = None):
+                 accepts: Optional[Callable[[str], bool]] = None, frames: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
-        tokens the trained vocabulary lacks)."""
+        tokens the trained vocabulary lacks); `frames` puts FRAMED_SHARE of the call requests in
+        a conversational frame (phrasing.py)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         self.seed = seed
@@ -88,6 +90,7 @@ class DialogGenerator:
         self.makers = fresh_values.MAKERS if fresh else values.MAKERS
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
+        self.frames = frames
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
@@ -150,6 +153,8 @@ class DialogGenerator:
             templates = [t for t in (spec.held_out if self.held_out else spec.train)
                          if set(_placeholders(t, spec)) <= declared]
             template = rng.choice(templates)
+            if self.frames and rng.random() < FRAMED_SHARE:
+                template = phrasing.framed(template, rng, spec.held_out)
             args, surfaces = self._fill(rng, spec, _placeholders(template, spec))
             user = template.format(**surfaces)
             novel = _strings({p.name: args[p.name] for p in spec.params

@@ -59,11 +59,13 @@ class TrainSettings:
     span_warmup_steps: int = 20
     # The fresh phase after those (usually from a warm start): the copy phase's stream with
     # every value drawn anew (fresh_values.py), so that no value can be recalled, with
-    # `fresh_examples` examples per scene, and `fresh_random_drills` random-string drills. Its
-    # own warm-up and cosine from `fresh_learning_rate`.
+    # `fresh_examples` examples per scene, and `fresh_random_drills` random-string drills; with
+    # `fresh_frames`, requests in conversational frames too (phrasing.py). Its own warm-up and
+    # cosine from `fresh_learning_rate`.
     fresh_steps: int = 0
     fresh_examples: int = 24
     fresh_random_drills: int = 16
+    fresh_frames: bool = False
     fresh_learning_rate: float = 1e-3
     fresh_warmup_steps: int = 20
 
@@ -120,7 +122,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     by_phase = {COPY: ("long_drills", "key_weight"),
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
-                FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills")}
+                FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
+                        "fresh_frames")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

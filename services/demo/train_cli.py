@@ -46,6 +46,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-steps", type=int, default=defaults.fresh_steps,
                         help="steps of the fresh phase after those (the copy phase's stream with "
                              "every value drawn anew, and random-string drills)")
+    parser.add_argument("--fresh-frames", action="store_true",
+                        help="the fresh phase also puts requests in conversational frames")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
@@ -86,6 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              induction_steps=args.induction_steps, span_steps=args.span_steps,
                              fresh_steps=args.fresh_steps,
                              fresh_learning_rate=args.fresh_learning_rate,
+                             fresh_frames=args.fresh_frames,
                              examples_per_scene=args.examples_per_scene)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)

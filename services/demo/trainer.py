@@ -68,7 +68,8 @@ class Trainer:
         self._heldout_values: Optional[set[str]] = None
         self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
         self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
-                                               accepts=self._spelled_by_vocab)
+                                               accepts=self._spelled_by_vocab,
+                                               frames=settings.fresh_frames)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])

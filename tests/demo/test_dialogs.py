@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from services.demo import lists, values
+from services.demo import lists, phrasing, values
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import SceneEncoder
 from services.demo.evaluate import heldout_scenes
@@ -146,3 +146,21 @@ def test_a_value_the_generator_refuses_is_drawn_again() -> None:
     assert sum("a" in d.copy_values[0] for d in drills) <= 2
     plain = DialogGenerator(1, False, fresh=True).drill_scene(0, long_drills=8).examples
     assert sum("a" in d.copy_values[0] for d in plain) >= 4
+
+
+def test_framed_requests_keep_the_template_and_never_equal_a_held_out_one() -> None:
+    rng = __import__("random").Random(5)
+    for spec in CATALOG:
+        for template in spec.train:
+            for _ in range(20):
+                framed = phrasing.framed(template, rng, spec.held_out)
+                assert framed not in spec.held_out
+                bare = template.rstrip(".?")
+                assert bare in framed or bare[0].lower() + bare[1:] in framed
+    every_frame = {f.format(v="look up {query} {safe}", V="Look up {query} {safe}")
+                   for f in phrasing.IMPERATIVE}
+    assert phrasing.framed("Look up {query} {safe}.", rng, every_frame) == "Look up {query} {safe}."
+    generator = DialogGenerator(1, False, fresh=True, frames=True)
+    requests = [e.messages[-1]["content"] for i in range(20) for e in generator.scene(i, 6).examples
+                if e.kind == "call"]
+    assert sum(r.startswith(("Could you", "Please", "Can you", "Hi!")) for r in requests) > 10
