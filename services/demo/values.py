@@ -40,10 +40,16 @@ def _invented_name(rng: random.Random) -> str:
 
 def fresh_name(rng: random.Random, held_out: bool) -> str:
     """An invented name drawn anew (not from a list), never one of the other split's names."""
-    other = set(synthetic_names(not held_out))
+    other = _synthetic_name_set(not held_out)
     while (name := _invented_name(rng)) in other:
         pass
     return name
+
+
+@lru_cache(maxsize=None)
+def _synthetic_name_set(held_out: bool) -> frozenset[str]:
+    # fresh_name runs for most fresh-phase values: the set is built once, not per draw.
+    return frozenset(synthetic_names(held_out))
 
 
 def drill_chain(rng: random.Random, held_out: bool) -> str:

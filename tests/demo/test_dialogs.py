@@ -3,6 +3,7 @@ validate against the declared schemas, and a held-out split that shares nothing 
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
 import pytest
@@ -126,7 +127,7 @@ def test_fresh_values_are_drawn_anew_and_never_a_listed_or_held_out_one() -> Non
     """The fresh phase's values cannot be recalled: names are new at nearly every draw, dates
     and times vary in every digit, and none is an entry of either split's lists."""
     generator = DialogGenerator(1, False, fresh=True)
-    rng = __import__("random").Random(3)
+    rng = random.Random(3)
     cities = [generator.makers["city"](rng, False) for _ in range(300)]
     listed = {*lists.pool("city", False), *lists.pool("city", True), *values.synthetic_names(True),
               *values.synthetic_names(False)}
@@ -149,7 +150,7 @@ def test_a_value_the_generator_refuses_is_drawn_again() -> None:
 
 
 def test_framed_requests_keep_the_template_and_never_equal_a_held_out_one() -> None:
-    rng = __import__("random").Random(5)
+    rng = random.Random(5)
     for spec in CATALOG:
         for template in spec.train:
             for _ in range(20):
