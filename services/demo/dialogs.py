@@ -75,19 +75,24 @@ class DialogGenerator:
 
     def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
-                 accepts: Optional[Callable[[str], bool]] = None, frames: bool = False):
+                 accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
+                 long_values: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
         tokens the trained vocabulary lacks); `frames` puts FRAMED_SHARE of the call requests in
-        a conversational frame (phrasing.py)."""
+        a conversational frame (phrasing.py); `long_values` (with `fresh`) draws free-text values
+        of more words (`fresh_values.LONG_MAKERS`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         self.seed = seed
         self.held_out = held_out
         self.thinking_share = thinking_share
         self.strings = strings
-        self.makers = fresh_values.MAKERS if fresh else values.MAKERS
+        if long_values and not fresh:
+            raise ValueError("long values are fresh values")
+        self.makers = (fresh_values.LONG_MAKERS if long_values else
+                       fresh_values.MAKERS if fresh else values.MAKERS)
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames

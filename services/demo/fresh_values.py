@@ -107,3 +107,26 @@ MAKERS: dict[str, Maker] = {
     "email": email, "command": command, "ticker": ticker, "date": date, "clock_time": clock_time,
     "fresh_name": name,
 }
+
+# Words in a free-text value of the long variant: mostly 2–4 (mean 2.7, the plain makers' 2.0).
+# The committed step-1100 model's commonest held-out miss is a value of several words that loses,
+# repeats or reorders a word (`"rowing rowing"` for `rowing java`): every word after the first is
+# a copy that must follow the request's order, and longer values train more of them.
+LONG_WORD_COUNTS = (1, 2, 2, 3, 3, 4, 4)
+
+
+def long_words(rng: random.Random, held_out: bool = False) -> str:
+    count = rng.choice(LONG_WORD_COUNTS)
+    return words(rng, False, count, count)
+
+
+def long_title(rng: random.Random, held_out: bool = False) -> str:
+    return long_words(rng).capitalize()
+
+
+def long_sentence(rng: random.Random, held_out: bool = False) -> str:
+    return words(rng, False, 3, 6)
+
+
+LONG_MAKERS: dict[str, Maker] = {**MAKERS, "words": long_words, "title": long_title,
+                                 "sentence": long_sentence}

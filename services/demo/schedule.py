@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fresh"
 # Settings a state saved by an older trainer lacks, with the values it ran under.
 LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
-                   "fresh_steps": 0}
+                   "fresh_steps": 0, "fresh_long_values": False}
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class TrainSettings:
     fresh_examples: int = 24
     fresh_random_drills: int = 16
     fresh_frames: bool = False
+    # With `fresh_long_values`, free-text values of more words (fresh_values.LONG_MAKERS).
+    fresh_long_values: bool = False
     fresh_learning_rate: float = 1e-3
     fresh_warmup_steps: int = 20
 
@@ -123,7 +125,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
-                        "fresh_frames")}
+                        "fresh_frames", "fresh_long_values")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -48,6 +48,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "every value drawn anew, and random-string drills)")
     parser.add_argument("--fresh-frames", action="store_true",
                         help="the fresh phase also puts requests in conversational frames")
+    parser.add_argument("--fresh-long-values", action="store_true",
+                        help="the fresh phase draws free-text values of more words")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
@@ -89,6 +91,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              fresh_steps=args.fresh_steps,
                              fresh_learning_rate=args.fresh_learning_rate,
                              fresh_frames=args.fresh_frames,
+                             fresh_long_values=args.fresh_long_values,
                              examples_per_scene=args.examples_per_scene)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)

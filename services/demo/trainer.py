@@ -69,7 +69,8 @@ class Trainer:
         self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
         self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
                                                accepts=self._spelled_by_vocab,
-                                               frames=settings.fresh_frames)
+                                               frames=settings.fresh_frames,
+                                               long_values=settings.fresh_long_values)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])

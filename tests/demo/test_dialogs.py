@@ -165,3 +165,17 @@ def test_framed_requests_keep_the_template_and_never_equal_a_held_out_one() -> N
     requests = [e.messages[-1]["content"] for i in range(20) for e in generator.scene(i, 6).examples
                 if e.kind == "call"]
     assert sum(r.startswith(("Could you", "Please", "Can you", "Hi!")) for r in requests) > 10
+
+
+def test_long_values_hold_more_words_and_still_end_after_one_now_and_then() -> None:
+    """The fresh phase's long variant: free-text values of 1–4 words, 2.7 on average."""
+    def word_counts(generator: DialogGenerator) -> list[int]:
+        rng = random.Random(7)
+        return [len(generator.makers["words"](rng, False).split()) for _ in range(700)]
+
+    long_counts = word_counts(DialogGenerator(1, False, fresh=True, long_values=True))
+    plain_counts = word_counts(DialogGenerator(1, False, fresh=True))
+    assert set(long_counts) == {1, 2, 3, 4} and max(plain_counts) == 3
+    assert sum(long_counts) / 700 > 2.5 > 2.1 > sum(plain_counts) / 700
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, long_values=True)
