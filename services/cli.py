@@ -5,6 +5,7 @@
     dsv4serve make-tiny-checkpoint [args]
     dsv4serve make-demo-checkpoint OUT_DIR   the default model (trained demo), written somewhere explicit
     dsv4serve train-demo OUT_DIR [args]   train the demo model (the default model's recipe)
+    dsv4serve train-demo-draft OUT_DIR [args]   train the demo's DSpark draft on the demo target
     dsv4serve check [--url URL]      the post-upgrade check: health, one constrained tool call, one chat
     dsv4serve probe grpc ADDR | probe http URL   exit 0 when ready (container health checks)
 
@@ -80,9 +81,16 @@ def run_make_demo_checkpoint(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsv4serve make-demo-checkpoint", description=(
         "Write the trained demo model (the default model) as a full DeepSeek-V4 checkpoint."))
     parser.add_argument("out_dir", help="output directory (created if needed)")
+    parser.add_argument("--dspark", action="store_true",
+                        help="the DSpark variant: the demo target with its trained DSpark draft")
     args = parser.parse_args(list(argv))
     from services.demo.export import COMPACT_DIR, expand
 
+    if args.dspark:
+        from services.demo.draft_export import expand_dspark
+
+        print(f"wrote {expand_dspark(COMPACT_DIR, args.out_dir)}")
+        return 0
     print(f"wrote {expand(COMPACT_DIR, args.out_dir)}")
     return 0
 
@@ -91,6 +99,12 @@ def run_train_demo(argv: Sequence[str]) -> int:
     from services.demo import train_cli
 
     return train_cli.main(list(argv))
+
+
+def run_train_demo_draft(argv: Sequence[str]) -> int:
+    from services.demo import draft_cli
+
+    return draft_cli.main(list(argv))
 
 
 # ---- probe: readiness for container health checks ----
@@ -239,6 +253,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "make-tiny-checkpoint": run_make_tiny_checkpoint,
     "make-demo-checkpoint": run_make_demo_checkpoint,
     "train-demo": run_train_demo,
+    "train-demo-draft": run_train_demo_draft,
     "check": run_check,
     "probe": run_probe,
 }

@@ -31,6 +31,9 @@ class SceneHidden:
     start_pos: int                          # position of the first row of every continuation
     hidden: list[torch.Tensor]              # per continuation: last-layer streams [n, hc, D]
     mtp_hidden: list[Optional[torch.Tensor]]  # per continuation: the MTP block's streams [n, hc, D]
+    # With tap layers: per continuation, the taps (`forward_hidden`'s) of all its positions, the
+    # shared prefix's included, [len, layers, D]; what a DSpark draft reads.
+    taps: Optional[list[torch.Tensor]] = None
 
 
 def shared_length(prefix_len: int, block_size: int = BLOCK_SIZE) -> int:
@@ -40,7 +43,7 @@ def shared_length(prefix_len: int, block_size: int = BLOCK_SIZE) -> int:
 
 
 def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
-              with_mtp: bool = True) -> SceneHidden:
+              with_mtp: bool = True, tap_layer_ids: tuple[int, ...] = ()) -> SceneHidden:
     """prefix: ids every sequence starts with; sequences: full ids (prefix included).
 
     Returns the hidden streams of positions shared_length(len(prefix)).. of every sequence and, with
@@ -58,27 +61,36 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
     cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
                          n_blocks, torch.float32, "cpu")
     with torch.no_grad():
-        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, with_mtp)
+        _, _, prefix_taps = _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache,
+                                     with_mtp, tap_layer_ids)
     rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]
-    main, mtp = _forward(rows, model, cache, with_mtp)
-    return SceneHidden(shared, [torch.cat(main[k + 1]) for k in range(len(sequences))],
-                       [torch.cat(mtp[k + 1]) if with_mtp else None for k in range(len(sequences))])
+    main, mtp, taps = _forward(rows, model, cache, with_mtp, tap_layer_ids)
+    count = range(len(sequences))
+    return SceneHidden(shared, [torch.cat(main[k + 1]) for k in count],
+                       [torch.cat(mtp[k + 1]) if with_mtp else None for k in count],
+                       [torch.cat(prefix_taps[0] + taps[k + 1]) for k in count]
+                       if tap_layer_ids else None)
 
 
 Row = tuple[int, list[int], int, list[int]]   # seq_id, ids, first position to compute, block table
 
 
-def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: bool
-             ) -> tuple[dict[int, list[torch.Tensor]], dict[int, list[torch.Tensor]]]:
+Streams = dict[int, list[torch.Tensor]]   # per seq_id: a tensor per forward call it took part in
+
+
+def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: bool,
+             tap_layer_ids: tuple[int, ...] = ()) -> tuple[Streams, Streams, Streams]:
     """Positions start..len(ids)-2 of every row (ids[-1] is only the MTP's next id), in forward
     calls of at most CALL_TOKENS rows: a long sequence takes several calls, short ones share one.
     The backward pass of a call costs its rows × its chunks (every chunk's slice of a call-wide
-    tensor gets a call-wide gradient), so calls stay short. → hidden and MTP streams per seq_id."""
-    main: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
-    mtp: dict[int, list[torch.Tensor]] = {seq_id: [] for seq_id, *_ in rows}
+    tensor gets a call-wide gradient), so calls stay short. → hidden and MTP streams, and the
+    taps of `tap_layer_ids`, per seq_id."""
+    main: Streams = {seq_id: [] for seq_id, *_ in rows}
+    mtp: Streams = {seq_id: [] for seq_id, *_ in rows}
+    taps: Streams = {seq_id: [] for seq_id, *_ in rows}
     for call in _pack(rows):
         batch = _batch(cache, [(seq_id, ids[a:b], a, table) for seq_id, ids, a, b, table in call])
-        hidden, _ = model.forward_hidden(batch, cache)
+        hidden, tapped = model.forward_hidden(batch, cache, tap_layer_ids)
         following = _batch(cache, [(seq_id, ids[a + 1:b + 1], a, table)
                             for seq_id, ids, a, b, table in call])
         streams = (model.mtp_forward(hidden.detach(), following.token_ids, following, cache)
@@ -88,8 +100,10 @@ def _forward(rows: list[Row], model: DeepseekV4, cache: PagedKvCache, with_mtp: 
             main[seq_id].append(hidden[offset:offset + b - a])
             if streams is not None:
                 mtp[seq_id].append(streams[offset:offset + b - a])
+            if tapped is not None:
+                taps[seq_id].append(tapped[offset:offset + b - a])
             offset += b - a
-    return main, mtp
+    return main, mtp, taps
 
 
 def _pack(rows: list[Row]) -> list[list[tuple[int, list[int], int, int, list[int]]]]:

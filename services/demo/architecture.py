@@ -38,3 +38,17 @@ def demo_config_json() -> dict:
 
 def demo_config() -> ModelConfig:
     return ModelConfig.from_dict(demo_config_json())
+
+
+# The demo's DSpark variant (draft.py): the demo target with one draft stage in place of its MTP
+# block, reading the last layer's output; blocks of 8 (anchor + K = 7), Markov rank 16. One stage
+# (~1.5 MB, the size of the MTP block) keeps the committed weights under the issue's 15 MB.
+DRAFT_OVERRIDES: dict = {
+    "n_mtp_layers": 1, "compress_ratios": [0, 4, 128, 0, 0], "dspark_block_size": 8,
+    "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [3], "dspark_markov_rank": 16,
+}
+
+
+def draft_config_json(target_config_json: dict) -> dict:
+    """The config.json of a demo target's DSpark variant."""
+    return {**target_config_json, **json.loads(json.dumps(DRAFT_OVERRIDES))}

@@ -52,6 +52,11 @@ def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.
 
 def expand(compact_dir: PathLike, out_dir: PathLike) -> Path:
     """Write the full real-format checkpoint of a compact directory into `out_dir`."""
+    return write_checkpoint(out_dir, *full_tensors(compact_dir))
+
+
+def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The compact directory's config.json and every tensor of its full checkpoint."""
     compact = Path(compact_dir)
     config_json = json.loads((compact / "config.json").read_text(encoding="utf-8"))
     config = ModelConfig.from_dict(config_json)
@@ -64,7 +69,7 @@ def expand(compact_dir: PathLike, out_dir: PathLike) -> Path:
     for name in expected_tensors(config):
         if name.endswith("gate.tid2eid"):
             tensors[name] = table
-    return write_checkpoint(out_dir, config_json, tensors)
+    return config_json, tensors
 
 
 def full_rows(trained: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

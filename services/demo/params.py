@@ -52,7 +52,7 @@ class DemoParameters(torch.nn.Module):
         specs = expected_tensors(config)
         self.names = body_names(specs)
         self.body = torch.nn.ParameterList(
-            [torch.nn.Parameter(_init(name, logical_shape(name, specs), seed)) for name in self.names])
+            [torch.nn.Parameter(initial_value(name, logical_shape(name, specs), seed)) for name in self.names])
         dim = config.hidden_size
         self.bases = torch.nn.Parameter(_normal((vocab.num_bases, dim), 1.0, seed, "bases"))
         self.space_embed = torch.nn.Parameter(_normal((dim,), SPACE_STD, seed, "space_embed"))
@@ -80,7 +80,7 @@ def model_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, 
     with the rows of `rows`: untrained ids get the mean of the trained rows, as in the exported
     checkpoint."""
     body = params.body_tensors()
-    tensors = _fake_quantize_grouped(body, specs) if quantized else dict(body)
+    tensors = fake_quantize_grouped(body, specs) if quantized else dict(body)
     fake = _fake_quantize if quantized else (lambda kind, w: w)
     for name, trained in (("embed.weight", params.embed_rows(vocab)),
                           ("head.weight", params.head_rows(vocab))):
@@ -128,7 +128,7 @@ def quantize_for_storage(kind: str, weight: torch.Tensor) -> tuple[torch.Tensor,
     return (weight.to(torch.bfloat16),) if kind == "bf16" else (weight.contiguous(),)
 
 
-def _fake_quantize_grouped(body: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
+def fake_quantize_grouped(body: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
                            ) -> dict[str, torch.Tensor]:
     """`_fake_quantize` of every tensor, with the matrices of one kind and input width stacked
     along their rows first: scale blocks never straddle two matrices (FP4 blocks lie within a
@@ -161,7 +161,7 @@ def _fake_quantize(kind: str, weight: torch.Tensor) -> torch.Tensor:
     return weight + (served - weight).detach()
 
 
-def _init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+def initial_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
     if leaf.endswith("norm"):
         return torch.ones(shape)

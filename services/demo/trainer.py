@@ -93,7 +93,7 @@ class Trainer:
         model = self.model(rows=rows)
         key_weight = self.settings.key_weight if self.settings.phase(index) != FIRST else None
         scores = [self.score(model, rows, scene, with_mtp=True, key_weight=key_weight)
-                  for scene in self._training_scenes(index)]
+                  for scene in self.training_scenes(index)]
         weights = [s.num_targets for s in scores]
         loss = sum(s.loss * w for s, w in zip(scores, weights)) / sum(weights)
         mtp_loss = sum(s.mtp_loss * w for s, w in zip(scores, weights)) / sum(weights)
@@ -109,7 +109,7 @@ class Trainer:
         self.step_index += 1
         return record
 
-    def _training_scenes(self, index: int) -> list[EncodedScene]:
+    def training_scenes(self, index: int) -> list[EncodedScene]:
         """The step's scenes, each without the examples that hold an untrained token."""
         phase = self.settings.phase(index)
         scenes = ([self.random_drills.scene(index, self.settings.random_drills)]

@@ -90,7 +90,7 @@ def test_an_induction_phase_step_learns_random_drills_and_every_mix_every_th_the
     stream = trainer.generator.training_scenes
     trainer.generator.training_scenes = lambda index, examples, drills: stream(0, examples, drills)
     trainer._heldout_values = set()
-    kinds = [[len(s.examples) for s in trainer._training_scenes(i)] for i in (1, 2)]
+    kinds = [[len(s.examples) for s in trainer.training_scenes(i)] for i in (1, 2)]
     assert kinds[0][0] == 4 and len(kinds[0]) > 1 and kinds[1] == [4]
     trainer.step_index = 1
     assert trainer.train_step()["lr"] == settings.induction_learning_rate / 10
@@ -116,7 +116,7 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
         lambda index, examples, drills: asked.append((index, examples, drills))
         or stream(0, examples, 0))
     trainer._heldout_values = set()
-    sizes = [len(s.examples) for s in trainer._training_scenes(1)]
+    sizes = [len(s.examples) for s in trainer.training_scenes(1)]
     assert asked == [(1, 3, 2)] and sizes[-1] == 4 and len(sizes) > 1
     assert trainer.fresh_generator.makers is not trainer.generator.makers
 

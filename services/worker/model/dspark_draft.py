@@ -75,6 +75,16 @@ class DSparkNetwork:
     # ---- stages -------------------------------------------------------------------------------
     def propose(self, blocks: list[DraftBlock]) -> list[BlockProposal]:
         """Every block through the stages in one batch, then the heads."""
+        h, rows = self.stage_streams(blocks)
+        if not blocks:  # an idle rank that joined the collectives
+            return []
+        x = self.model.collapse(h, self.last)
+        base = self.model.head_logits(x, self.last)
+        return self._heads(blocks, rows, base, x)
+
+    def stage_streams(self, blocks: list[DraftBlock]) -> tuple[torch.Tensor, list[slice]]:
+        """Every block through the stages in one batch → the last stage's hc streams
+        [rows, hc, D] and each block's rows (training computes its losses from them)."""
         tokens, positions, rows = self._layout(blocks)
         self.model.collectives.begin_step(tokens.shape[0])
         h = self.model.embed(tokens).unsqueeze(1).repeat(1, self.config.hc_mult, 1)
@@ -82,11 +92,7 @@ class DSparkNetwork:
             h = self.model.block_with(
                 layer_id, h, tokens,
                 lambda y, s=stage: self._attention(s, y, positions, blocks, rows))
-        if not blocks:  # an idle rank that joined the collectives
-            return []
-        x = self.model.collapse(h, self.last)
-        base = self.model.head_logits(x, self.last)
-        return self._heads(blocks, rows, base, x)
+        return h, rows
 
     def _layout(self, blocks: list[DraftBlock]
                 ) -> tuple[torch.Tensor, torch.Tensor, list[slice]]:
@@ -126,8 +132,6 @@ class DSparkNetwork:
                x: torch.Tensor) -> list[BlockProposal]:
         """Markov-corrected greedy choice left to right, all blocks at once per step; then the
         confidence of every row from its hidden and its predecessor."""
-        w1 = self.model.w[self.last + "markov_head.markov_w1.weight"]
-        w2 = self.model.w[self.last + "markov_head.markov_w2.weight"]
         longest = max(block.num_drafts for block in blocks)
         prev = torch.tensor([block.anchor_token for block in blocks], device=base.device)
         chosen = torch.zeros(len(blocks), longest, dtype=torch.int64, device=base.device)
@@ -135,17 +139,25 @@ class DSparkNetwork:
         for k in range(longest):
             live = [b for b, block in enumerate(blocks) if block.num_drafts > k]
             step_rows = torch.tensor([rows[b].start + k for b in live], device=base.device)
-            bias = numerics.wide_linear(w1[prev[live]].float(), w2)
+            bias = self.markov_bias(prev[live])
             predecessors[live, k] = prev[live]
             chosen[live, k] = (base[step_rows] + bias).argmax(dim=-1)
             prev = chosen[:, k].clone()
         flat_prev = torch.cat([predecessors[b, :block.num_drafts] for b, block in
                                enumerate(blocks)])
-        confidences = self._confidence(x, w1[flat_prev])
+        confidences = self.confidence(x, flat_prev)
         return [BlockProposal(tokens=chosen[b, :block.num_drafts], confidences=confidences[r])
                 for b, (block, r) in enumerate(zip(blocks, rows))]
 
-    def _confidence(self, x: torch.Tensor, prev_latent: torch.Tensor) -> torch.Tensor:
+    def markov_bias(self, prev: torch.Tensor) -> torch.Tensor:
+        """Predecessor ids [n] → the Markov head's fp32 logit correction [n, V]."""
+        w1 = self.model.w[self.last + "markov_head.markov_w1.weight"]
+        w2 = self.model.w[self.last + "markov_head.markov_w2.weight"]
+        return numerics.wide_linear(w1[prev].float(), w2)
+
+    def confidence(self, x: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """Collapsed rows [n, D] and their predecessor ids [n] → confidences [n] in [0, 1]."""
+        prev_latent = self.model.w[self.last + "markov_head.markov_w1.weight"][prev]
         features = torch.cat([x.float(), prev_latent.float()], dim=-1)
         proj = self.model.w[self.last + "confidence_head.proj.weight"]
         return torch.sigmoid(numerics.linear(features, proj)[:, 0])

@@ -109,13 +109,16 @@ def fp4_round_trip(x: torch.Tensor, block: int) -> torch.Tensor:
 
 @lru_cache(maxsize=4)
 def _hadamard_matrix(n: int) -> torch.Tensor:
-    """Sylvester (natural order) Hadamard matrix scaled by n^-0.5."""
+    """Sylvester (natural order) Hadamard matrix scaled by n^-0.5. Built outside inference mode
+    whatever the caller's: the cached matrix also serves autograd (the demo's training), which
+    refuses an inference tensor."""
     if n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {n}")
-    h = torch.ones(1, 1, dtype=torch.float32)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h * n ** -0.5
+    with torch.inference_mode(False):
+        h = torch.ones(1, 1, dtype=torch.float32)
+        while h.shape[0] < n:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        return h * n ** -0.5
 
 
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:

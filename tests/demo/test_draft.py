@@ -1,0 +1,52 @@
+"""The demo's DSpark draft on disk: the exported draft expands, beside the committed target, into a
+DSpark checkpoint the runtime loads with exactly the weights training computed with, the target's
+tensors untouched; an untrained token never wins the draft's argmax."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from services.demo import export
+from services.demo.architecture import demo_config
+from services.demo.draft import DraftParameters, draft_config, draft_specs, draft_tensors
+from services.demo.draft_export import MARKOV, expand_dspark, write_draft
+from services.demo.encode import SceneEncoder
+from services.demo.vocab import tie_structure
+from services.worker.model.checkpoint import CheckpointReader
+
+
+def test_the_exported_draft_is_what_training_computed_with_beside_the_demo_target(
+        tmp_path: Path) -> None:
+    compact = tmp_path / "compact"
+    compact.mkdir()
+    for name in export.COMPACT_FILES:
+        shutil.copyfile(export.COMPACT_DIR / name, compact / name)
+    ids = load_file(str(compact / "vocab.safetensors"))["ids"].to(torch.int64)
+    config, specs = draft_config(), draft_specs(draft_config())
+    params = DraftParameters(specs, len(ids), seed=5)
+    with torch.no_grad():
+        params.markov[1].normal_(generator=torch.Generator().manual_seed(5))
+        trained = draft_tensors(params, specs, tie_structure(ids.tolist(), SceneEncoder()).rows())
+    write_draft(compact, params.body_tensors(), [m.detach() for m in params.markov], specs)
+
+    with CheckpointReader(expand_dspark(compact, tmp_path / "dspark")) as reader:
+        served = reader.load_all(config, torch.float32)
+    with CheckpointReader(export.expand(compact, tmp_path / "demo")) as reader:
+        target = reader.load_all(demo_config(), torch.float32)
+    for name, tensor in trained.items():
+        assert torch.equal(served[name][ids] if name in MARKOV else served[name], tensor), name
+    for name in served:
+        if not name.startswith("mtp."):
+            assert torch.equal(served[name], target[name]), name
+
+    untrained = torch.ones(config.vocab_size, dtype=torch.bool)
+    untrained[ids] = False
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(500, config.hidden_size, generator=generator)
+    prev = ids[torch.randint(len(ids), (500,), generator=generator)]
+    w1, w2 = (served[name] for name in MARKOV)
+    logits = x @ served["head.weight"].T + w1[prev] @ w2.T
+    assert bool((logits[:, untrained].amax(dim=1) < logits[:, ~untrained].amax(dim=1)).all())

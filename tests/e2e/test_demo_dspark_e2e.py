@@ -1,0 +1,54 @@
+"""The demo's DSpark variant (the demo target with its trained draft stage) through the whole stack
+at K = 7: held-out requests get exactly the answers the demo gives without speculation, in both
+of the bench's modes, and the trained draft's tokens are accepted. The acceptance figures per
+position are `bench/bench_demo_accuracy.py`'s (docs/demo-model.md); here only that there are some."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.bench_demo_accuracy import MODES, load_heldout, request_body
+from tests.e2e.conftest import RunningStack, launch_stack
+
+pytestmark = pytest.mark.slow
+
+DSPARK_K7 = ("--speculative-config", '{"method":"dspark","num_speculative_tokens":7}')
+PROMPTS = 6
+
+
+@pytest.fixture(scope="module")
+def demo_dspark_stack(tmp_path_factory: pytest.TempPathFactory,
+                      request: pytest.FixtureRequest) -> Iterator[RunningStack]:
+    from services.demo.draft_export import demo_dspark_model_dir
+
+    model_dir: Path = demo_dspark_model_dir()
+    yield from launch_stack(model_dir, tmp_path_factory.mktemp("demo-dspark"), request, DSPARK_K7,
+                            served_name="dsv4-demo-dspark-e2e")
+
+
+def answers(stack: RunningStack, mode: str) -> list[tuple[Any, ...]]:
+    with httpx.Client(base_url=stack.base_url, timeout=600, trust_env=False) as client:
+        choices = [client.post("/v1/chat/completions", json=request_body(
+            entry, mode, stack.served_model_name)).json()["choices"][0]
+                   for entry in load_heldout(PROMPTS)]
+    return [(c["finish_reason"], c["message"].get("content"),
+             [(t["function"]["name"], t["function"]["arguments"])
+              for t in c["message"].get("tool_calls") or []]) for c in choices]
+
+
+def accepted_tokens(stack: RunningStack) -> float:
+    text = httpx.get(f"{stack.base_url}/metrics", trust_env=False, timeout=30).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "dsv4serve:spec_decode_num_accepted_tokens_total")
+
+
+def test_the_trained_draft_is_accepted_and_changes_no_token(demo_stack, demo_dspark_stack) -> None:
+    for mode in MODES:
+        reference = answers(demo_stack, mode)
+        assert any(calls for _, _, calls in reference), reference
+        assert answers(demo_dspark_stack, mode) == reference
+    assert accepted_tokens(demo_dspark_stack) > 0
