@@ -47,8 +47,9 @@ from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
-# The committed target: 400 + 300 steps, then a fresh phase (frames) that ended at step 1100.
-TARGET_STEP = 1100
+# The committed target: 400 + 300 steps, then fresh phases (frames) that ended at step 1600; its
+# trainer is only the draft's source of scenes (the stream from STREAM_FROM on).
+TARGET_STEP = 1600
 TARGET_SETTINGS = TrainSettings(copy_steps=700, fresh_steps=100_000, fresh_frames=True)
 STREAM_FROM = 50_000
 STATE_FILE = "draft_state.pt"
@@ -71,7 +72,7 @@ class DraftSettings:
     learning_rate: float = 2e-3
     warmup_steps: int = 20
     drafts: int = 7                 # K: rows of a block, tokens proposed
-    anchors_per_step: int = 768     # blocks a step learns from, drawn over its completions
+    anchors_per_step: int = 512     # blocks a step learns from, drawn over its completions
     confidence_weight: float = 0.1
 
 
