@@ -80,7 +80,7 @@ class TestStartupErrorsNameTheFlag:
         worker = cli_args.parse_worker_args(argv, environ={}, default_model_dir=no_default_model)
         assert worker.speculative == SpeculativeConfig("mtp", 3)
 
-    @pytest.mark.parametrize("spec", ['{"method":"mtp","num_speculative_tokens":5}',
+    @pytest.mark.parametrize("spec", ['{"method":"mtp","num_speculative_tokens":8}',
                                       '{"method":"dspark","num_speculative_tokens":16}',
                                       '{"method":"mtp","num_speculative_tokens":-1}'])
     def test_k_out_of_range_is_a_startup_error(self, capsys: pytest.CaptureFixture[str], spec: str) -> None:
