@@ -41,7 +41,7 @@ def demo_config() -> ModelConfig:
 
 
 # The demo's DSpark variant (draft.py): the demo target with one draft stage in place of its MTP
-# block, reading the last layer's output; blocks of 8 (anchor + K = 7), Markov rank 16. One stage
+# block, reading the last layer's output, trained for K = 7; Markov rank 16. One stage
 # (~1.5 MB, the size of the MTP block) keeps the committed weights under the 15 MB.
 DRAFT_OVERRIDES: dict = {
     "n_mtp_layers": 1, "compress_ratios": [0, 4, 128, 0, 0], "dspark_block_size": 8,
