@@ -8,8 +8,9 @@ Shape: `architecture.DRAFT_OVERRIDES`. Export: draft_export.py.
 
 Training (distillation from the frozen target): the stream is the target's own fresh-phase stream
 from `STREAM_FROM` on (step indices the target never learnt from; held-out values kept out as the
-target's trainer does). Per step the target runs teacher-forced over the scenes with its taps,
-and its greedy token at every position is the label the draft must propose — speculation accepts
+target's trainer does). Per step the target runs teacher-forced, with its taps, over the step's
+first scene (calls, tool-result answers and chat; no drills), and its greedy token at every
+position is the label the draft must propose — speculation accepts
 a draft token when it equals the target's. Anchors are drawn from the completions (drafting happens
 only in decode); each anchor's block attends over the main KV of the `sliding_window` positions
 before it, as `DSparkDrafter` holds it. The Markov head gets its predecessors from the labels (the
@@ -27,7 +28,6 @@ import os
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,12 +35,11 @@ import torch.nn.functional as F
 from services.demo import adapter
 from services.demo.architecture import demo_config_json, draft_config_json
 from services.demo.draft_export import MARKOV, write_draft
-from services.demo.params import (fake_quantize_grouped, initial_value, logical_shape, model_tensors,
-                                 storage_kind)
+from services.demo.params import (fake_quantize_grouped, initial_value, logical_shape,
+                                 model_tensors, storage_kind)
 from services.demo.schedule import TrainSettings, warmup_cosine
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
-from services.demo.warm_start import dequantized
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
@@ -83,7 +82,8 @@ class DraftParameters(torch.nn.Module):
         super().__init__()
         self.names = [n for n in specs if not n.endswith(SCALE_SUFFIX) and n not in MARKOV]
         self.body = torch.nn.ParameterList(
-            [torch.nn.Parameter(initial_value(n, logical_shape(n, specs), seed)) for n in self.names])
+            [torch.nn.Parameter(initial_value(n, logical_shape(n, specs), seed))
+             for n in self.names])
         rank = specs[MARKOV[0]].shape[1]
         # markov_w2 starts at zero: no Markov correction until it is learnt.
         w1, w2 = MARKOV
@@ -121,7 +121,8 @@ class DraftTrainer:
         noise = self.config.dspark_noise_token_id
         self.rows = self.target.vocab.rows([noise] if noise not in self.target.vocab.ids else [])
         # The model computes over compact rows: its noise token is the noise id's row.
-        self.compact_config = replace(self.config, dspark_noise_token_id=self.rows.index([noise]).item())
+        self.compact_config = replace(self.config,
+                                      dspark_noise_token_id=self.rows.index([noise]).item())
         with torch.no_grad():
             target = model_tensors(self.target.params, self.target.vocab, self.target.specs,
                                    self.target.hash_table, True, self.rows)
@@ -187,10 +188,12 @@ class DraftTrainer:
         window, k = self.config.sliding_window, self.settings.drafts
         sequences = []
         for scene in self.target.training_scenes(stream_index)[:1]:  # calls and chat, no drills
-            ids = [self.rows.index(e.prompt_ids + e.completion_ids).tolist() for e in scene.examples]
+            ids = [self.rows.index(e.prompt_ids + e.completion_ids).tolist()
+                   for e in scene.examples]
             with torch.no_grad():
+                tap_layers = net.config.dspark_target_layer_ids
                 out = adapter.run_scene(model, self.rows.index(scene.prefix_ids).tolist(), ids,
-                                        with_mtp=False, tap_layer_ids=net.config.dspark_target_layer_ids)
+                                        with_mtp=False, tap_layer_ids=tap_layers)
                 greedy = [model.logits(hidden).argmax(dim=-1) for hidden in out.hidden]
             for e, seq, taps, g in zip(scene.examples, ids, out.taps, greedy):
                 # greedy[j]: the target's token after position start_pos + j.

@@ -1,7 +1,8 @@
 """The demo's DSpark variant (the demo target with its trained draft stage) through the whole stack
 at K = 7: held-out requests get exactly the answers the demo gives without speculation, in both
 of the bench's modes, and the trained draft's tokens are accepted. The acceptance figures per
-position are `bench/bench_demo_accuracy.py`'s (docs/demo-model.md); here only that there are some."""
+position are `bench/bench_demo_accuracy.py`'s (docs/demo-model.md); here only that there are
+some."""
 from __future__ import annotations
 
 from pathlib import Path
