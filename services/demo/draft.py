@@ -36,7 +36,7 @@ from services.demo import adapter
 from services.demo.architecture import demo_config_json, draft_config_json
 from services.demo.draft_export import MARKOV, write_draft
 from services.demo.params import (fake_quantize_grouped, initial_value, logical_shape,
-                                 model_tensors, storage_kind)
+                                 model_tensors)
 from services.demo.schedule import TrainSettings, warmup_cosine
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
@@ -98,13 +98,11 @@ class DraftParameters(torch.nn.Module):
 def draft_tensors(params: DraftParameters, specs: dict[str, TensorSpec], rows: RowMap
                   ) -> dict[str, torch.Tensor]:
     """The draft's tensors as the runtime loads them (compact rows, as `model_tensors`)."""
-    tensors = fake_quantize_grouped(params.body_tensors(), specs)
-    for name, trained in zip(MARKOV, params.markov):
-        kind = storage_kind(name, specs)
-        served = trained if kind == "f32" else trained + (trained.to(torch.bfloat16).float()
-                                                          - trained).detach()
-        mean = served.mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
-        tensors[name] = torch.cat([served, mean])
+    tensors = fake_quantize_grouped({**params.body_tensors(), **dict(zip(MARKOV, params.markov))},
+                                    specs)
+    for name in MARKOV:
+        mean = tensors[name].mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
+        tensors[name] = torch.cat([tensors[name], mean])
     return tensors
 
 

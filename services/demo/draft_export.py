@@ -13,15 +13,14 @@ either (and the target verifies every draft token).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from services.demo.architecture import draft_config_json
-from services.demo.export import (COMPACT_DIR, PathLike, compact_digest, full_rows, full_tensors,
-                                  write_checkpoint)
+from services.demo.export import (COMPACT_DIR, COMPACT_FILES, PathLike, compact_digest, full_rows,
+                                  full_tensors, write_checkpoint)
 from services.demo.params import quantize_for_storage, storage_kind
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec
 from services.worker.model.tiny_checkpoint import cache_root, materialize_once
@@ -63,10 +62,7 @@ def expand_dspark(compact_dir: PathLike, out_dir: PathLike) -> Path:
 def demo_dspark_model_dir() -> Path:
     """The demo's DSpark variant, expanded on first use into the checkpoint cache beside the
     demo (keyed by the committed files' hash); the directory is named `dsv4-demo-dspark`."""
-    digest = compact_digest() + "-" + _file_digest(COMPACT_DIR / DRAFT_FILE)
+    digest = compact_digest(COMPACT_DIR, COMPACT_FILES + (DRAFT_FILE,))
     return materialize_once(cache_root() / f"demo-{digest}" / DSPARK_SERVED_NAME,
                             lambda staging: expand_dspark(COMPACT_DIR, staging))
 
-
-def _file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]

@@ -100,9 +100,10 @@ def write_checkpoint(out_dir: PathLike, config_json: dict, tensors: dict[str, to
     return out
 
 
-def compact_digest(compact_dir: PathLike = COMPACT_DIR) -> str:
+def compact_digest(compact_dir: PathLike = COMPACT_DIR,
+                   files: tuple[str, ...] = COMPACT_FILES) -> str:
     digest = hashlib.sha256()
-    for name in COMPACT_FILES:
+    for name in files:
         digest.update((Path(compact_dir) / name).read_bytes())
     return digest.hexdigest()[:12]
 

@@ -52,7 +52,8 @@ class DemoParameters(torch.nn.Module):
         specs = expected_tensors(config)
         self.names = body_names(specs)
         self.body = torch.nn.ParameterList(
-            [torch.nn.Parameter(initial_value(name, logical_shape(name, specs), seed)) for name in self.names])
+            [torch.nn.Parameter(initial_value(name, logical_shape(name, specs), seed))
+             for name in self.names])
         dim = config.hidden_size
         self.bases = torch.nn.Parameter(_normal((vocab.num_bases, dim), 1.0, seed, "bases"))
         self.space_embed = torch.nn.Parameter(_normal((dim,), SPACE_STD, seed, "space_embed"))
@@ -129,7 +130,7 @@ def quantize_for_storage(kind: str, weight: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def fake_quantize_grouped(body: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
-                           ) -> dict[str, torch.Tensor]:
+                          ) -> dict[str, torch.Tensor]:
     """`_fake_quantize` of every tensor, with the matrices of one kind and input width stacked
     along their rows first: scale blocks never straddle two matrices (FP4 blocks lie within a
     row; FP8 groups take only matrices whose row count is a multiple of 128), so the values are
