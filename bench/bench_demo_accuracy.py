@@ -9,8 +9,11 @@ and values that never occur in training). Two modes, `tool_choice: "auto"` both 
 - `strict`: every tool is strict, so a call the model starts is grammar-constrained.
 A prompt is right when the response has exactly one call, of the expected tool, whose arguments
 equal the expected ones, and finish_reason is `tool_calls`. Prints one line per mode and, against a
-stack started with `--speculative-config`, each mode's draft acceptance per position (the share of
-drafts whose token at that position was accepted, from the /metrics counters).
+stack started with `--speculative-config`, each mode's draft acceptance per position from the
+/metrics counters: the share of verify rows whose drafted token at that position was accepted
+(vLLM's figure), and the share of drafted tokens there that were accepted (the drafter's figure:
+in strict mode grammar-forced tokens fill some positions, and those are neither drafted nor
+counted as accepted).
 """
 from __future__ import annotations
 
@@ -83,26 +86,50 @@ def evaluate(base_url: str, model: str, entries: list[dict[str, Any]], mode: str
             return list(pool.map(one, entries))
 
 
-def spec_counters(base_url: str) -> tuple[float, list[float]]:
-    """Verify rows with a draft, and drafted tokens accepted per position, so far."""
+PER_POSITION = {"dsv4serve:spec_decode_num_accepted_tokens_per_pos_total": "accepted",
+                "dsv4serve:spec_decode_num_draft_tokens_per_pos_total": "drafted"}
+
+
+@dataclass(frozen=True)
+class SpecCounts:
+    """Verify rows with a draft, and drafted tokens accepted and verified per position, so far."""
+
+    drafts: float
+    accepted: list[float]
+    drafted: list[float]
+
+
+def spec_counters(base_url: str) -> SpecCounts:
     text = httpx.get(f"{base_url}/metrics", trust_env=False).text
-    drafts, per_position = 0.0, {}
+    drafts, per_position = 0.0, {"accepted": {}, "drafted": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "dsv4serve:spec_decode_num_drafts_total":
                 drafts = sample.value
-            elif sample.name == "dsv4serve:spec_decode_num_accepted_tokens_per_pos_total":
-                per_position[int(sample.labels["position"])] = sample.value
-    return drafts, [per_position[k] for k in sorted(per_position)]
+            elif sample.name in PER_POSITION:
+                position = int(sample.labels["position"])
+                per_position[PER_POSITION[sample.name]][position] = sample.value
+    accepted, drafted = ([counts[k] for k in sorted(counts)] for counts in per_position.values())
+    return SpecCounts(drafts, accepted, drafted)
 
 
-def acceptance_line(before: tuple[float, list[float]], after: tuple[float, list[float]]) -> str:
-    drafts = after[0] - before[0]
-    accepted = [a - b for a, b in zip(after[1], before[1] or [0.0] * len(after[1]))]
+def _growth(before: list[float], after: list[float]) -> list[float]:
+    return [a - (before[i] if i < len(before) else 0.0) for i, a in enumerate(after)]
+
+
+def acceptance_line(before: SpecCounts, after: SpecCounts) -> str:
+    """Per position, accepted drafted tokens over verify rows (vLLM's figure), and over the rows
+    whose token there was drafted rather than grammar-forced (the drafter's own figure; the two
+    differ only where forced tokens fill positions of a window)."""
+    drafts = after.drafts - before.drafts
     if not drafts:
         return "no drafts (start the stack with --speculative-config)"
+    accepted = _growth(before.accepted, after.accepted)
+    drafted = _growth(before.drafted, after.drafted)
     return (f"{int(drafts)} drafts, accepted per position "
-            + " ".join(f"{n / drafts:.0%}" for n in accepted))
+            + " ".join(f"{n / drafts:.0%}" for n in accepted)
+            + "; of drafted (not forced) tokens there "
+            + " ".join(f"{n / d:.0%}" if d else "-" for n, d in zip(accepted, drafted)))
 
 
 def main() -> None:

@@ -130,12 +130,15 @@ class _SchedulerCollector:
         for name, family, help_text, value in _scheduler_samples(self._snapshot):
             yield self._family(family, name, help_text, value)
         yield from self._partition_families(self._snapshot.partitions)
-        yield self._accepted_per_pos(self._snapshot.spec_decode_num_accepted_tokens_per_pos)
+        yield self._per_pos("dsv4serve:spec_decode_num_accepted_tokens_per_pos",
+                            "Drafted tokens accepted, by draft position.",
+                            self._snapshot.spec_decode_num_accepted_tokens_per_pos)
+        yield self._per_pos("dsv4serve:spec_decode_num_draft_tokens_per_pos",
+                            "Drafted (not grammar-forced) tokens verified, by draft position.",
+                            self._snapshot.spec_decode_num_draft_tokens_per_pos)
 
-    def _accepted_per_pos(self, counts: tuple[int, ...]) -> Metric:
-        metric = CounterMetricFamily("dsv4serve:spec_decode_num_accepted_tokens_per_pos",
-                                     "Drafted tokens accepted, by draft position.",
-                                     labels=_MODEL + ["position"])
+    def _per_pos(self, name: str, help_text: str, counts: tuple[int, ...]) -> Metric:
+        metric = CounterMetricFamily(name, help_text, labels=_MODEL + ["position"])
         for position, count in enumerate(counts):
             metric.add_metric([self._model_name, str(position)], count)
         return metric

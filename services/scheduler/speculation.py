@@ -32,6 +32,7 @@ class SpecCounters:
     num_accepted_tokens: int = 0     # of those, accepted
     num_forced_tokens: int = 0       # grammar-forced drafts sent
     accepted_per_pos: list[int] = field(default_factory=list)  # by draft index
+    drafted_per_pos: list[int] = field(default_factory=list)   # verified, not forced, by index
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,11 @@ def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCou
     forced = list(row.draft_forced) or [False] * len(row.draft_token_ids)
     drafted = [i for i, is_forced in enumerate(forced) if not is_forced]
     accepted_drafted = [i for i in drafted if i < accepted]
-    if len(counters.accepted_per_pos) < len(forced):
-        counters.accepted_per_pos.extend([0] * (len(forced) - len(counters.accepted_per_pos)))
-    for i in accepted_drafted:
-        counters.accepted_per_pos[i] += 1
+    for per_pos, positions in ((counters.accepted_per_pos, accepted_drafted),
+                               (counters.drafted_per_pos, drafted)):
+        per_pos.extend([0] * (len(forced) - len(per_pos)))
+        for i in positions:
+            per_pos[i] += 1
     counters.num_drafts += bool(drafted)
     counters.num_draft_tokens += len(drafted)
     counters.num_accepted_tokens += len(accepted_drafted)

@@ -142,7 +142,9 @@ def test_speculative_stack_gives_the_target_only_tokens(stack, speculative, tiny
     reference = outcomes(stack, cases)
     assert outcomes(speculative, cases) == reference
     assert any(r[2] for r in reference), "some constrained case must end in a tool call"
-    assert metric(speculative, "dsv4serve:spec_decode_num_draft_tokens_total") > 0
+    drafted = metric(speculative, "dsv4serve:spec_decode_num_draft_tokens_total")
+    assert drafted > 0
+    assert metric(speculative, "dsv4serve:spec_decode_num_draft_tokens_per_pos_total") == drafted
     assert wait_for(lambda: is_idle(scheduler_state(speculative.scheduler_address)), 60)
     assert scheduler_state(speculative.scheduler_address).num_live_draft_states == 0
 

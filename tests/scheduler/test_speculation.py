@@ -117,6 +117,20 @@ def test_constrained_drafts_give_the_k0_tokens_and_release_every_matcher(grammar
     assert grammar.live_matchers == 0
 
 
+def test_per_position_counts_leave_grammar_forced_positions_out(grammar, tool_grammar):
+    """Where forced tokens fill window positions, a position's drafted count (the denominator of
+    the drafter's per-position acceptance) counts only the tokens the drafter proposed there."""
+    target = SimulatedTarget(preferred=steering(grammar))
+    corrupt = lambda position: position % 4 == 0  # noqa: E731
+    _, _, scheduler = run(K, PROMPTS, 120, target=target, corrupt=corrupt, grammar=grammar,
+                          compiled=tool_grammar)
+    spec = scheduler.counters.spec
+    assert sum(spec.drafted_per_pos) == spec.num_draft_tokens
+    assert sum(spec.accepted_per_pos) == spec.num_accepted_tokens
+    assert all(a <= d for a, d in zip(spec.accepted_per_pos, spec.drafted_per_pos))
+    assert spec.num_forced_tokens > 0 and spec.drafted_per_pos[-1] < spec.num_drafts
+
+
 def test_grammar_forced_drafts_need_fewer_target_steps(grammar, tool_grammar):
     target = SimulatedTarget(preferred=steering(grammar))
     corrupt = lambda position: position % 3 == 0  # noqa: E731
