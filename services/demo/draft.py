@@ -20,7 +20,8 @@ token". Quantization-aware as the target was (params.py), the target's tensors f
 
 The stage starts from the trained MTP block (same block, same names under `mtp.0.`), `main_proj`
 from the identity: its first drafts are the MTP block's guess of the next token from the last
-layer.
+layer. Or, with a warm start (`load_draft`), from a draft trained on an earlier target: a target
+trained further needs its draft distilled again, and the earlier one is most of the way there.
 """
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ import os
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from services.demo import adapter
 from services.demo.architecture import demo_config_json, draft_config_json
@@ -40,6 +43,7 @@ from services.demo.params import (fake_quantize_grouped, initial_value, logical_
 from services.demo.schedule import TrainSettings, warmup_cosine
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
+from services.demo.warm_start import dequantized
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
@@ -109,7 +113,8 @@ def draft_tensors(params: DraftParameters, specs: dict[str, TensorSpec], rows: R
 class DraftTrainer:
     """Resumable like the target's trainer: everything lives in `OUT_DIR/draft_state.pt`."""
 
-    def __init__(self, out_dir: Path, settings: DraftSettings, target_dir: Path):
+    def __init__(self, out_dir: Path, settings: DraftSettings, target_dir: Path,
+                 warm_draft: Optional[Path] = None):
         self.out_dir = out_dir
         self.settings = settings
         self.config = draft_config()
@@ -127,6 +132,8 @@ class DraftTrainer:
         self.target_tensors = {n: t for n, t in target.items() if not n.startswith("mtp.")}
         self.params = DraftParameters(self.specs, len(self.target.vocab), settings.seed)
         self._start_from_mtp(target)
+        if warm_draft is not None:
+            load_draft(self.params, self.specs, warm_draft)
         self.optimizer = torch.optim.AdamW(self.params.parameters(), lr=settings.learning_rate,
                                            betas=(0.9, 0.95), weight_decay=0.0)
         self.step_index = 0
@@ -240,6 +247,21 @@ class DraftTrainer:
         self.params.load_state_dict(saved["params"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.step_index, self.history = saved["step"], saved["history"]
+
+
+def load_draft(params: DraftParameters, specs: dict[str, TensorSpec], path: Path) -> None:
+    """Overwrite `params` in place with a compact draft (`write_draft`'s file): a draft trained
+    on an earlier target starts a run on a retrained one. Its Markov rows must be this vocabulary's
+    (the same trained ids)."""
+    stored = load_file(str(path))
+    with torch.no_grad():
+        for name, master in params.body_tensors().items():
+            master.copy_(dequantized(name, stored, specs))
+        for name, rows in zip(MARKOV, params.markov):
+            if stored[name].shape != rows.shape:
+                raise ValueError(f"{path}: {name} has {stored[name].shape[0]} rows, this "
+                                 f"vocabulary {rows.shape[0]}")
+            rows.copy_(stored[name].float())
 
 
 def _acceptance(right: torch.Tensor, rows: list[slice], drafts: int) -> dict[str, float]:

@@ -35,6 +35,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--anchors-per-step", type=int, default=defaults.anchors_per_step)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--warm-start", type=Path, default=None, metavar="DRAFT_FILE",
+                        help="start from a trained draft (a dspark.safetensors, e.g. the one "
+                             "trained on the previous target) instead of the target's MTP "
+                             "block; ignored when OUT_DIR holds a saved state, which resumes")
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
                         help="end the run after this step, before the schedule's end")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -50,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     settings = DraftSettings(seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
                              anchors_per_step=args.anchors_per_step)
-    trainer = DraftTrainer(args.out_dir, settings, args.target)
+    trainer = DraftTrainer(args.out_dir, settings, args.target, args.warm_start)
     last = min(settings.steps, args.stop_after or settings.steps)
     with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < last:

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from services.demo import export
 from services.demo.architecture import demo_config
-from services.demo.draft import DraftParameters, draft_config, draft_specs, draft_tensors
+from services.demo.draft import (DraftParameters, draft_config, draft_specs, draft_tensors,
+                                 load_draft)
 from services.demo.draft_export import MARKOV, expand_dspark, write_draft
 from services.demo.encode import SceneEncoder
 from services.demo.vocab import tie_structure
@@ -50,3 +51,19 @@ def test_the_exported_draft_is_what_training_computed_with_beside_the_demo_targe
     w1, w2 = (served[name] for name in MARKOV)
     logits = x @ served["head.weight"].T + w1[prev] @ w2.T
     assert bool((logits[:, untrained].amax(dim=1) < logits[:, ~untrained].amax(dim=1)).all())
+
+
+def test_a_warm_started_draft_computes_with_the_weights_of_the_draft_it_loaded(
+        tmp_path: Path) -> None:
+    specs = draft_specs(draft_config())
+    ids = load_file(str(export.COMPACT_DIR / "vocab.safetensors"))["ids"].to(torch.int64)
+    rows = tie_structure(ids.tolist(), SceneEncoder()).rows()
+    trained, fresh = (DraftParameters(specs, len(ids), seed=seed) for seed in (5, 6))
+    with torch.no_grad():
+        trained.markov[1].normal_(generator=torch.Generator().manual_seed(5))
+    path = write_draft(tmp_path, trained.body_tensors(), [m.detach() for m in trained.markov],
+                       specs)
+    load_draft(fresh, specs, path)
+    expected, loaded = (draft_tensors(p, specs, rows) for p in (trained, fresh))
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
