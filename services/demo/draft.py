@@ -50,9 +50,9 @@ from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
-# The committed target: 400 + 300 steps, then fresh phases (frames) that ended at step 1600; its
+# The committed target: 400 + 300 steps, then fresh phases (frames) that ended at step 2100; its
 # trainer is only the draft's source of scenes (the stream from STREAM_FROM on).
-TARGET_STEP = 1600
+TARGET_STEP = 2100
 TARGET_SETTINGS = TrainSettings(copy_steps=700, fresh_steps=100_000, fresh_frames=True)
 STREAM_FROM = 50_000
 STATE_FILE = "draft_state.pt"
@@ -77,6 +77,8 @@ class DraftSettings:
     drafts: int = 7                 # K: rows of a block, tokens proposed
     anchors_per_step: int = 512     # blocks a step learns from, drawn over its completions
     confidence_weight: float = 0.1
+    # The stream index of step 1: a warm-started run starts past the steps its draft learnt from.
+    stream_from: int = STREAM_FROM
 
 
 class DraftParameters(torch.nn.Module):
@@ -159,7 +161,7 @@ class DraftTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         model = self.model()
-        scores = self.scores(model, STREAM_FROM + index)
+        scores = self.scores(model, self.settings.stream_from + index)
         loss = scores["loss"] + self.settings.confidence_weight * scores["confidence_loss"]
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

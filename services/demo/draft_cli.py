@@ -35,6 +35,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--anchors-per-step", type=int, default=defaults.anchors_per_step)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--stream-from", type=int, default=defaults.stream_from,
+                        help="the target stream's index of step 1 (a warm start continues past "
+                             "the indices its draft learnt from)")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="DRAFT_FILE",
                         help="start from a trained draft (a dspark.safetensors, e.g. the one "
                              "trained on the previous target) instead of the target's MTP "
@@ -53,7 +56,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.monotonic()
     settings = DraftSettings(seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
-                             anchors_per_step=args.anchors_per_step)
+                             anchors_per_step=args.anchors_per_step,
+                             stream_from=args.stream_from)
     trainer = DraftTrainer(args.out_dir, settings, args.target, args.warm_start)
     last = min(settings.steps, args.stop_after or settings.steps)
     with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
