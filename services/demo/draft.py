@@ -43,7 +43,7 @@ from services.demo.params import (fake_quantize_grouped, initial_value, logical_
 from services.demo.schedule import TrainSettings, warmup_cosine
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
-from services.demo.warm_start import dequantized
+from services.demo.warm_start import copy_dequantized
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
@@ -133,8 +133,9 @@ class DraftTrainer:
                                    self.target.hash_table, True, self.rows)
         self.target_tensors = {n: t for n, t in target.items() if not n.startswith("mtp.")}
         self.params = DraftParameters(self.specs, len(self.target.vocab), settings.seed)
-        self._start_from_mtp(target)
-        if warm_draft is not None:
+        if warm_draft is None:
+            self._start_from_mtp(target)
+        else:
             load_draft(self.params, self.specs, warm_draft)
         self.optimizer = torch.optim.AdamW(self.params.parameters(), lr=settings.learning_rate,
                                            betas=(0.9, 0.95), weight_decay=0.0)
@@ -257,8 +258,7 @@ def load_draft(params: DraftParameters, specs: dict[str, TensorSpec], path: Path
     (the same trained ids)."""
     stored = load_file(str(path))
     with torch.no_grad():
-        for name, master in params.body_tensors().items():
-            master.copy_(dequantized(name, stored, specs))
+        copy_dequantized(params.body_tensors(), stored, specs)
         for name, rows in zip(MARKOV, params.markov):
             if stored[name].shape != rows.shape:
                 raise ValueError(f"{path}: {name} has {stored[name].shape[0]} rows, this "

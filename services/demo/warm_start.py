@@ -35,10 +35,16 @@ def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, T
         raise ValueError(f"{compact_dir} was trained on another vocabulary "
                          f"({rows['ids'].numel()} ids, this run has {len(vocab)})")
     with torch.no_grad():
-        for name, master in params.body_tensors().items():
-            master.copy_(dequantized(name, body, specs))
+        copy_dequantized(params.body_tensors(), body, specs)
         _set_rows(params, vocab, rows["embed"].float(), rows["head"].float())
     return rows["hash_table"]
+
+
+def copy_dequantized(masters: dict[str, torch.Tensor], stored: dict[str, torch.Tensor],
+                     specs: dict[str, TensorSpec]) -> None:
+    """Set every float32 master to the values of its stored tensor (call under no_grad)."""
+    for name, master in masters.items():
+        master.copy_(dequantized(name, stored, specs))
 
 
 def dequantized(name: str, stored: dict[str, torch.Tensor], specs: dict[str, TensorSpec]
