@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from services.demo import fresh_values, phrasing, values
+from services.demo.composed import Composer
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
@@ -76,15 +77,18 @@ class DialogGenerator:
     def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
                  accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
-                 long_values: bool = False):
+                 long_values: bool = False, composed_share: float = 0.0):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
         tokens the trained vocabulary lacks); `frames` puts FRAMED_SHARE of the call requests in
         a conversational frame (phrasing.py); `long_values` (with `fresh`) draws free-text values
-        of more words (`fresh_values.LONG_MAKERS`)."""
+        of more words (`fresh_values.LONG_MAKERS`); `composed_share` of the call requests use a
+        composed template (composed.py: training only)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
+        if composed_share and held_out:
+            raise ValueError("composed templates are training templates")
         self.seed = seed
         self.held_out = held_out
         self.thinking_share = thinking_share
@@ -96,6 +100,8 @@ class DialogGenerator:
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames
+        self.composed_share = composed_share
+        self.composer = Composer() if composed_share else None
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
@@ -155,11 +161,7 @@ class DialogGenerator:
             args: dict[str, Any] = {"command": command}
             novel: list[str] = []
         else:
-            templates = [t for t in (spec.held_out if self.held_out else spec.train)
-                         if set(_placeholders(t, spec)) <= declared]
-            template = rng.choice(templates)
-            if self.frames and rng.random() < FRAMED_SHARE:
-                template = phrasing.framed(template, rng, spec.held_out)
+            template = self._template(rng, spec, declared)
             args, surfaces = self._fill(rng, spec, _placeholders(template, spec))
             user = template.format(**surfaces)
             novel = _strings({p.name: args[p.name] for p in spec.params
@@ -174,6 +176,19 @@ class DialogGenerator:
                        _strings(args), (spec.name, args), novel)
 
     # ---- internals ----------------------------------------------------------------------------
+    def _template(self, rng: random.Random, spec: ToolSpec, declared: set[str]) -> str:
+        framed_share = FRAMED_SHARE if self.frames else 0.0
+        if self.composer and rng.random() < self.composed_share:
+            composed = self.composer.template(spec, rng, declared, framed_share)
+            if composed is not None:
+                return composed
+        templates = [t for t in (spec.held_out if self.held_out else spec.train)
+                     if set(_placeholders(t, spec)) <= declared]
+        template = rng.choice(templates)
+        if self.frames and rng.random() < FRAMED_SHARE:
+            template = phrasing.framed(template, rng, spec.held_out)
+        return template
+
     def _example(self, rng: random.Random, specs: list[ToolSpec], tools: list[dict[str, Any]]
                  ) -> Example:
         roll = rng.random()

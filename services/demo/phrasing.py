@@ -13,8 +13,11 @@ from typing import Collection
 
 # First words of templates that are commands: they take the imperative frames.
 VERBS = frozenset("Run Execute Search Look Find Google Read Show Open Print Write Save Create List "
-                  "Schedule Add Book Set Email Send Remind Translate Say Quote Heat Give Tell"
-                  .split())
+                  "Schedule Add Book Set Email Send Remind Translate Say Quote Heat Give Tell "
+                  # first words of composed templates only (composed.py)
+                  "Check Get Fetch Report Start Launch Invoke Kick Use Type Do Query Display Load "
+                  "Dump View Put Store Fill Overwrite Record Browse Enumerate Make Plan Block Mail "
+                  "Drop Compose Ping Alert Nudge Render Convert Adjust Turn Keep Change".split())
 IMPERATIVE = ("Could you {v}?", "Can you {v}?", "Would you {v}?", "Please {v}.",
               "Please {v} for me.", "I'd like you to {v}.", "I need you to {v}.", "Kindly {v}.",
               "{V}, please.", "{V} now.", "Hey, {v}.", "Go and {v}.")

@@ -50,6 +50,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="the fresh phase also puts requests in conversational frames")
     parser.add_argument("--fresh-long-values", action="store_true",
                         help="the fresh phase draws free-text values of more words")
+    parser.add_argument("--fresh-composed", type=float, default=defaults.fresh_composed,
+                        metavar="SHARE",
+                        help="the share of the fresh phase's call requests that use a composed "
+                             "template (many phrasings built from parts); adds their words to "
+                             "the vocabulary")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
@@ -92,6 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              fresh_learning_rate=args.fresh_learning_rate,
                              fresh_frames=args.fresh_frames,
                              fresh_long_values=args.fresh_long_values,
+                             fresh_composed=args.fresh_composed,
                              examples_per_scene=args.examples_per_scene)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)

@@ -22,7 +22,8 @@ from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.random_drills import RandomDrills
 from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
-from services.demo.vocab import RowMap, TrainedVocab, scan_training, tie_structure
+from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary, scan_training,
+                                 tie_structure)
 from services.demo.warm_start import load_compact
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
@@ -57,6 +58,8 @@ class Trainer:
         ids, self.training_values = ((saved["vocab_ids"], saved["training_values"]) if saved else
                                      scan_training(settings.seed, settings.steps,
                                                    settings.examples_per_scene))
+        if settings.fresh_composed and not saved:
+            ids = sorted({*ids, *composed_vocabulary(self.encoder)})
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))
@@ -70,7 +73,8 @@ class Trainer:
         self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
                                                accepts=self._spelled_by_vocab,
                                                frames=settings.fresh_frames,
-                                               long_values=settings.fresh_long_values)
+                                               long_values=settings.fresh_long_values,
+                                               composed_share=settings.fresh_composed)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])

@@ -8,12 +8,18 @@ embeddings), so moving a token's vector to the output predicts that token.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
 
-from services.demo.dialogs import DialogGenerator
+from services.demo.composed import Composer
+from services.demo.dialogs import FRAMED_SHARE, DialogGenerator
 from services.demo.encode import SPACE, SceneEncoder
+from services.demo.tools import CATALOG
+
+FILLER = "Paris"          # a value word the first phase trains: stands for every value
+COMPOSED_SAMPLES = 4000
 
 @dataclass(frozen=True)
 class TrainedVocab:
@@ -81,3 +87,19 @@ def scan_training(seed: int, scenes: int, examples: int) -> tuple[list[int], lis
                 found.update(item.completion_ids)
                 copied.update(item.example.copy_values)
     return sorted(found), sorted(copied)
+
+
+def composed_vocabulary(encoder: SceneEncoder, samples: int = COMPOSED_SAMPLES) -> list[int]:
+    """Token ids of composed request templates (composed.py), half of them in conversational
+    frames (phrasing.py), with every value spelled FILLER: what a run with composed templates
+    adds to the scan. The first phase's stream holds none of the frames' first words ("Could",
+    "Would", "Kindly" …), so without these rows a framed request was skipped as untrained."""
+    composer = Composer()
+    rng = random.Random(f"composed-vocabulary:{samples}")
+    found: set[int] = set()
+    for _ in range(samples):
+        spec = rng.choice(CATALOG)
+        template = composer.template(spec, rng, [p.name for p in spec.params], FRAMED_SHARE)
+        if template is not None:
+            found.update(encoder.encode(template.format(**{p.name: FILLER for p in spec.params})))
+    return sorted(found)

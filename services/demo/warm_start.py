@@ -10,6 +10,11 @@ built from (`vocab.py`), so each base vector and the two space directions are re
 squares over the rows that share them, and the per-row deltas take the rest. The rows come out
 equal to the stored ones, and weight decay on the deltas pulls, as in the original run, towards
 the tied rows.
+
+A run whose vocabulary holds more ids than the checkpoint's (composed templates add words:
+`vocab.composed_vocabulary`) gives each new id the checkpoint's mean head row — its logit is the
+mean of the trained ones, as for an untrained id, so it cannot win before it is learnt — and the
+mean embedding row plus seeded noise of the rows' own spread, so new words read apart.
 """
 from __future__ import annotations
 
@@ -31,13 +36,31 @@ def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, T
     the checkpoint's trained ids are not `vocab`'s."""
     body = load_file(str(compact_dir / "body.safetensors"))
     rows = load_file(str(compact_dir / "vocab.safetensors"))
-    if not torch.equal(rows["ids"].to(torch.int64), vocab.ids):
+    stored_ids = rows["ids"].to(torch.int64).tolist()
+    if not set(stored_ids) <= set(vocab.ids.tolist()):
         raise ValueError(f"{compact_dir} was trained on another vocabulary "
-                         f"({rows['ids'].numel()} ids, this run has {len(vocab)})")
+                         f"({len(stored_ids)} ids, this run has {len(vocab)})")
+    embed, head = widened_rows(vocab, stored_ids, rows["embed"].float(), rows["head"].float())
     with torch.no_grad():
         copy_dequantized(params.body_tensors(), body, specs)
-        _set_rows(params, vocab, rows["embed"].float(), rows["head"].float())
+        _set_rows(params, vocab, embed, head)
     return rows["hash_table"]
+
+
+def widened_rows(vocab: TrainedVocab, stored_ids: list[int], embed: torch.Tensor,
+                 head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`embed` and `head` rows (of `stored_ids`) in `vocab`'s order, with rows for the ids the
+    checkpoint lacks (see the module docstring)."""
+    row_of = {token_id: row for row, token_id in enumerate(stored_ids)}
+    noise = torch.randn(len(vocab), embed.shape[1],
+                        generator=torch.Generator().manual_seed(len(vocab))) * embed.std(dim=0)
+    wide_embed = embed.mean(dim=0) + noise
+    wide_head = head.mean(dim=0).expand(len(vocab), -1).clone()
+    known = [n for n, token_id in enumerate(vocab.ids.tolist()) if token_id in row_of]
+    source = torch.tensor([row_of[int(vocab.ids[n])] for n in known], dtype=torch.int64)
+    wide_embed[known] = embed[source]
+    wide_head[known] = head[source]
+    return wide_embed, wide_head
 
 
 def copy_dequantized(masters: dict[str, torch.Tensor], stored: dict[str, torch.Tensor],

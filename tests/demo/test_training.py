@@ -151,9 +151,32 @@ def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
     assert warm.train_step()["step"] == 2
 
 
-def test_a_warm_start_from_another_vocabulary_is_refused(tmp_path: Path) -> None:
-    source = Trainer(tmp_path / "source", TINY_RUN)
+def test_a_warm_start_from_a_checkpoint_with_ids_the_run_lacks_is_refused(tmp_path: Path) -> None:
+    source = Trainer(tmp_path / "source", TrainSettings(steps=3, examples_per_scene=2))
     compact = _exported(source, tmp_path / "compact")
     with pytest.raises(ValueError, match="another vocabulary"):
-        Trainer(tmp_path / "other", TrainSettings(steps=3, examples_per_scene=2),
-                WarmStart(compact, 3))
+        Trainer(tmp_path / "other", TINY_RUN, WarmStart(compact, 3))
+
+
+def test_a_warm_start_with_composed_templates_keeps_the_stored_rows_and_adds_losing_ones(
+        tmp_path: Path) -> None:
+    """The composed templates' words get rows: the checkpoint's rows come back bit-equal, and a
+    new id's head row is the mean of the stored ones, so its logit cannot win before training."""
+    source = Trainer(tmp_path / "source", TINY_RUN)
+    compact = _exported(source, tmp_path / "compact")
+    wide = Trainer(tmp_path / "wide", replace(TINY_RUN, fresh_composed=0.5), WarmStart(compact, 2))
+    old_ids, new_ids = source.vocab.ids.tolist(), wide.vocab.ids.tolist()
+    added = [n for n, token_id in enumerate(new_ids) if token_id not in set(old_ids)]
+    assert set(old_ids) < set(new_ids) and added
+    could = wide.encoder.encode("Could")
+    assert set(could) <= set(new_ids) and not set(could) <= set(old_ids)
+    with torch.no_grad():
+        old_rows = stored_tensors(source.params, source.vocab, source.specs, quantized=True)
+        new_rows = stored_tensors(wide.params, wide.vocab, wide.specs, quantized=True)
+        kept = torch.tensor([new_ids.index(t) for t in old_ids])
+        for name in ("embed.weight", "head.weight"):
+            assert torch.equal(new_rows[name][kept], old_rows[name]), name
+        logits = torch.randn(64, new_rows["head.weight"].shape[1]) @ new_rows["head.weight"].float().T
+    assert bool((logits[:, added].max(dim=1).values <= logits[:, kept].max(dim=1).values).all())
+
+
