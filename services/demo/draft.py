@@ -116,7 +116,9 @@ class DraftTrainer:
     """Resumable like the target's trainer: everything lives in `OUT_DIR/draft_state.pt`."""
 
     def __init__(self, out_dir: Path, settings: DraftSettings, target_dir: Path,
-                 warm_draft: Optional[Path] = None):
+                 warm_draft: Optional[Path] = None, warm_draft_ids: Optional[list[int]] = None):
+        """`warm_draft_ids`: the trained ids of the target `warm_draft` was trained on, where
+        they are not this target's (its Markov rows are matched by id: `load_draft`)."""
         self.out_dir = out_dir
         self.settings = settings
         self.config = draft_config()
@@ -136,7 +138,9 @@ class DraftTrainer:
         if warm_draft is None:
             self._start_from_mtp(target)
         else:
-            load_draft(self.params, self.specs, warm_draft)
+            load_draft(self.params, self.specs, warm_draft,
+                       None if warm_draft_ids is None
+                       else (warm_draft_ids, self.target.vocab.ids.tolist()))
         self.optimizer = torch.optim.AdamW(self.params.parameters(), lr=settings.learning_rate,
                                            betas=(0.9, 0.95), weight_decay=0.0)
         self.step_index = 0
@@ -252,11 +256,16 @@ class DraftTrainer:
         self.step_index, self.history = saved["step"], saved["history"]
 
 
-def load_draft(params: DraftParameters, specs: dict[str, TensorSpec], path: Path) -> None:
+def load_draft(params: DraftParameters, specs: dict[str, TensorSpec], path: Path,
+               ids: Optional[tuple[list[int], list[int]]] = None) -> None:
     """Overwrite `params` in place with a compact draft (`write_draft`'s file): a draft trained
     on an earlier target starts a run on a retrained one. Its Markov rows must be this vocabulary's
-    (the same trained ids)."""
+    (the same trained ids), unless `ids` gives (the draft's ids, this vocabulary's): rows are then
+    matched by id, and an id the draft lacks gets the mean row, as an untrained id has at run
+    time (`draft_tensors`)."""
     stored = load_file(str(path))
+    if ids is not None:
+        stored = {**stored, **{name: _rows_by_id(stored[name].float(), *ids) for name in MARKOV}}
     with torch.no_grad():
         copy_dequantized(params.body_tensors(), stored, specs)
         for name, rows in zip(MARKOV, params.markov):
@@ -264,6 +273,12 @@ def load_draft(params: DraftParameters, specs: dict[str, TensorSpec], path: Path
                 raise ValueError(f"{path}: {name} has {stored[name].shape[0]} rows, this "
                                  f"vocabulary {rows.shape[0]}")
             rows.copy_(stored[name].float())
+
+
+def _rows_by_id(rows: torch.Tensor, stored_ids: list[int], ids: list[int]) -> torch.Tensor:
+    row_of = {token_id: n for n, token_id in enumerate(stored_ids)}
+    mean = rows.mean(dim=0)
+    return torch.stack([rows[row_of[t]] if t in row_of else mean for t in ids])
 
 
 def _acceptance(right: torch.Tensor, rows: list[slice], drafts: int) -> dict[str, float]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from services.demo.draft import DraftSettings, DraftTrainer
@@ -42,6 +43,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="start from a trained draft (a dspark.safetensors, e.g. the one "
                              "trained on the previous target) instead of the target's MTP "
                              "block; ignored when OUT_DIR holds a saved state, which resumes")
+    parser.add_argument("--warm-start-vocab", type=Path, default=None, metavar="COMPACT_DIR",
+                        help="the compact target the --warm-start draft was trained on, where "
+                             "its vocabulary is not this target's (rows are matched by id)")
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
                         help="end the run after this step, before the schedule's end")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -58,7 +62,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = DraftSettings(seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
                              anchors_per_step=args.anchors_per_step,
                              stream_from=args.stream_from)
-    trainer = DraftTrainer(args.out_dir, settings, args.target, args.warm_start)
+    warm_ids = (None if args.warm_start_vocab is None else
+                load_file(str(args.warm_start_vocab / "vocab.safetensors"))["ids"].tolist())
+    trainer = DraftTrainer(args.out_dir, settings, args.target, args.warm_start, warm_ids)
     last = min(settings.steps, args.stop_after or settings.steps)
     with tqdm(total=settings.steps, initial=trainer.step_index, unit="step") as bar:
         while trainer.step_index < last:

@@ -67,3 +67,23 @@ def test_a_warm_started_draft_computes_with_the_weights_of_the_draft_it_loaded(
     expected, loaded = (draft_tensors(p, specs, rows) for p in (trained, fresh))
     for name, tensor in expected.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_a_draft_warm_started_on_a_wider_vocabulary_keeps_its_rows_by_id(tmp_path: Path) -> None:
+    """A target retrained with more trained ids: the draft's Markov rows follow their ids, and a
+    new id gets the mean row (what an untrained id has at run time)."""
+    specs = draft_specs(draft_config())
+    ids = load_file(str(export.COMPACT_DIR / "vocab.safetensors"))["ids"].tolist()
+    wider = sorted({*ids, *(t for t in range(1000, 1100) if t not in set(ids))})
+    added = [n for n, t in enumerate(wider) if t not in set(ids)]
+    trained, fresh = DraftParameters(specs, len(ids), seed=5), DraftParameters(specs, len(wider), 6)
+    with torch.no_grad():
+        trained.markov[1].normal_(generator=torch.Generator().manual_seed(5))
+    path = write_draft(tmp_path, trained.body_tensors(), [m.detach() for m in trained.markov],
+                       specs)
+    load_draft(fresh, specs, path, (ids, wider))
+    stored = load_file(str(path))
+    for name, rows in zip(MARKOV, fresh.markov):
+        old = stored[name].float()
+        assert torch.equal(rows[[wider.index(t) for t in ids]], old), name
+        assert torch.allclose(rows[added], old.mean(dim=0).expand(len(added), -1)), name
