@@ -50,11 +50,11 @@ from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
-# The committed target: its last fresh phase (frames, composed templates) began at step 400 + 2100
-# and ended at step 2800; its trainer is only the draft's source of scenes (the stream from
+# The committed target: its last fresh phase (frames, composed templates) began at step 400 + 2400
+# and ended at step 3200; its trainer is only the draft's source of scenes (the stream from
 # STREAM_FROM on), so only the settings that shape its vocabulary and stream matter here.
-TARGET_STEP = 2800
-TARGET_SETTINGS = TrainSettings(copy_steps=2100, fresh_steps=100_000, fresh_frames=True,
+TARGET_STEP = 3200
+TARGET_SETTINGS = TrainSettings(copy_steps=2400, fresh_steps=100_000, fresh_frames=True,
                                 fresh_composed=0.5)
 STREAM_FROM = 50_000
 STATE_FILE = "draft_state.pt"
