@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Collection, Optional
 
 from services.demo import phrasing
+from services.demo.composed_wide import WIDE_HEADS, WIDE_PHRASES, WIDE_SLOTS
 from services.demo.tools import CATALOG, ToolSpec
 
 ATTEMPTS = 12       # compositions tried before the caller falls back to a catalog template
@@ -35,6 +36,10 @@ class Parts:
     parameter's phrases each."""
     heads: tuple[str, ...]
     slots: dict[str, tuple[str, ...]]
+
+    def widened(self, heads: tuple[str, ...], slots: dict[str, tuple[str, ...]]) -> "Parts":
+        return Parts(self.heads + heads,
+                     {name: phrases + slots.get(name, ()) for name, phrases in self.slots.items()})
 
 
 PARTS: dict[str, Parts] = {
@@ -136,9 +141,21 @@ PARTS: dict[str, Parts] = {
 }
 
 
+WIDE_PARTS: dict[str, Parts] = {
+    name: parts.widened(WIDE_HEADS.get(name, ()), WIDE_SLOTS.get(name, {}))
+    for name, parts in PARTS.items()}
+# Enum and boolean values' phrases a composed template may use: parameter -> value -> phrases
+# beyond the catalog's own (tools.Param.phrases).
+ValuePhrases = dict[str, dict[str, tuple[str, ...]]]
+
+
 def words(text: str) -> list[str]:
     """Lower-case words of a template, placeholders as `{name}` words, punctuation dropped."""
     return re.findall(r"\{\w+\}|[a-z0-9_'-]+", text.lower())
+
+
+def placeholders(template: str) -> set[str]:
+    return set(re.findall(r"\{(\w+)\}", template))
 
 
 def ngrams(text: str) -> set[tuple[str, ...]]:
@@ -160,10 +177,18 @@ class HeldOutGuard:
 
 
 class Composer:
-    """Composed training templates for the tools of the catalog."""
+    """Composed training templates for the tools of the catalog; with `wide`, from the wider
+    parts (composed_wide.py)."""
 
-    def __init__(self, guard: Optional[HeldOutGuard] = None):
+    def __init__(self, guard: Optional[HeldOutGuard] = None, wide: bool = False):
         self.guard = guard or HeldOutGuard()
+        self.parts = WIDE_PARTS if wide else PARTS
+        self.wide = wide
+
+    def value_phrases(self, spec: ToolSpec) -> ValuePhrases:
+        """The phrases beyond the catalog's that a composed template of `spec` may say an enum or
+        boolean value with."""
+        return WIDE_PHRASES.get(spec.name, {}) if self.wide else {}
 
     def template(self, spec: ToolSpec, rng: random.Random, declared: Collection[str],
                  framed_share: float) -> Optional[str]:
@@ -181,8 +206,8 @@ class Composer:
         return None
 
     def _compose(self, spec: ToolSpec, rng: random.Random, declared: Collection[str]) -> str:
-        parts = PARTS[spec.name]
-        head = rng.choice(parts.heads)
+        parts = self.parts[spec.name]
+        head = rng.choice([h for h in parts.heads if placeholders(h) <= set(declared)])
         wanted = [p.name for p in spec.params if "{" + p.name + "}" not in head
                   and (p.name in spec.required or (p.name in declared and rng.random() < 0.5))]
         slots = [rng.choice(parts.slots[name]) for name in wanted]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from services.demo import fresh_values, phrasing, values
-from services.demo.composed import Composer
+from services.demo.composed import Composer, ValuePhrases
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
@@ -77,14 +77,16 @@ class DialogGenerator:
     def __init__(self, seed: int, held_out: bool, thinking_share: float = 0.3,
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
                  accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
-                 long_values: bool = False, composed_share: float = 0.0):
+                 long_values: bool = False, composed_share: float = 0.0,
+                 composed_wide: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
         tokens the trained vocabulary lacks); `frames` puts FRAMED_SHARE of the call requests in
         a conversational frame (phrasing.py); `long_values` (with `fresh`) draws free-text values
         of more words (`fresh_values.LONG_MAKERS`); `composed_share` of the call requests use a
-        composed template (composed.py: training only)."""
+        composed template (composed.py: training only), from the wider parts with
+        `composed_wide` (composed_wide.py)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         if composed_share and held_out:
@@ -101,7 +103,7 @@ class DialogGenerator:
         self.accepts = accepts
         self.frames = frames
         self.composed_share = composed_share
-        self.composer = Composer() if composed_share else None
+        self.composer = Composer(wide=composed_wide) if composed_share else None
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every
@@ -161,8 +163,8 @@ class DialogGenerator:
             args: dict[str, Any] = {"command": command}
             novel: list[str] = []
         else:
-            template = self._template(rng, spec, declared)
-            args, surfaces = self._fill(rng, spec, _placeholders(template, spec))
+            template, phrases = self._template(rng, spec, declared)
+            args, surfaces = self._fill(rng, spec, _placeholders(template, spec), phrases)
             user = template.format(**surfaces)
             novel = _strings({p.name: args[p.name] for p in spec.params
                               if p.name in args and p.maker not in ("enum", "bool")})
@@ -176,18 +178,21 @@ class DialogGenerator:
                        _strings(args), (spec.name, args), novel)
 
     # ---- internals ----------------------------------------------------------------------------
-    def _template(self, rng: random.Random, spec: ToolSpec, declared: set[str]) -> str:
+    def _template(self, rng: random.Random, spec: ToolSpec, declared: set[str]
+                  ) -> tuple[str, ValuePhrases]:
+        """A request template and the enum and boolean phrases beyond the catalog's it may say
+        its values with (a composed template's: composed.py)."""
         framed_share = FRAMED_SHARE if self.frames else 0.0
         if self.composer and rng.random() < self.composed_share:
             composed = self.composer.template(spec, rng, declared, framed_share)
             if composed is not None:
-                return composed
+                return composed, self.composer.value_phrases(spec)
         templates = [t for t in (spec.held_out if self.held_out else spec.train)
                      if set(_placeholders(t, spec)) <= declared]
         template = rng.choice(templates)
         if self.frames and rng.random() < FRAMED_SHARE:
             template = phrasing.framed(template, rng, spec.held_out)
-        return template
+        return template, {}
 
     def _example(self, rng: random.Random, specs: list[ToolSpec], tools: list[dict[str, Any]]
                  ) -> Example:
@@ -226,21 +231,24 @@ class DialogGenerator:
         user = rng.choice(prompts.split("/"))
         return Example("chat", [{"role": "user", "content": user}], target, thinking)
 
-    def _fill(self, rng: random.Random, spec: ToolSpec, names: list[str]
-              ) -> tuple[dict[str, Any], dict[str, str]]:
+    def _fill(self, rng: random.Random, spec: ToolSpec, names: list[str],
+              phrases: ValuePhrases) -> tuple[dict[str, Any], dict[str, str]]:
         args: dict[str, Any] = {}
         surfaces: dict[str, str] = {}
         for param in spec.params:
             if param.name in names:
-                args[param.name], surfaces[param.name] = self._value(rng, param)
+                args[param.name], surfaces[param.name] = self._value(
+                    rng, param, phrases.get(param.name, {}))
         return args, surfaces
 
-    def _value(self, rng: random.Random, param: Param) -> tuple[Any, str]:
+    def _value(self, rng: random.Random, param: Param,
+               phrases: dict[str, tuple[str, ...]]) -> tuple[Any, str]:
         kind, _, spec = param.maker.partition(":")
         if kind in ("enum", "bool"):
             choice = rng.choice(list(param.phrases))
             value: Any = {"true": True, "false": False}.get(choice, choice) if kind == "bool" else choice
-            return value, rng.choice(param.phrase_options(choice, self.held_out))
+            options = param.phrase_options(choice, self.held_out) + list(phrases.get(choice, ()))
+            return value, rng.choice(options)
         if kind == "int":
             low, high = map(int, spec.split(":"))
             number = rng.randint(low, high)

@@ -40,7 +40,8 @@ from services.demo.architecture import demo_config_json, draft_config_json
 from services.demo.draft_export import MARKOV, write_draft
 from services.demo.params import (fake_quantize_grouped, initial_value, logical_shape,
                                  model_tensors)
-from services.demo.schedule import TrainSettings, warmup_cosine
+from services.demo.export import read_training
+from services.demo.schedule import warmup_cosine
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
 from services.demo.warm_start import copy_dequantized
@@ -50,14 +51,17 @@ from services.worker.model.dspark_draft import DraftBlock, DSparkNetwork
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
 
-# The committed target: its last fresh phase (frames, composed templates) began at step 400 + 2400
-# and ended at step 3200; its trainer is only the draft's source of scenes (the stream from
-# STREAM_FROM on), so only the settings that shape its vocabulary and stream matter here.
-TARGET_STEP = 3200
-TARGET_SETTINGS = TrainSettings(copy_steps=2400, fresh_steps=100_000, fresh_frames=True,
-                                fresh_composed=0.5)
 STREAM_FROM = 50_000
 STATE_FILE = "draft_state.pt"
+
+
+def target_trainer(out_dir: Path, target_dir: Path) -> Trainer:
+    """The target's trainer, its weights from `target_dir`: only the draft's source of scenes
+    (its fresh-phase stream from STREAM_FROM on, with the vocabulary the target was trained
+    with), so its fresh phase is stretched to reach that far."""
+    settings, step = read_training(target_dir)
+    return Trainer(out_dir, replace(settings, fresh_steps=2 * STREAM_FROM),
+                   WarmStart(target_dir, step))
 
 
 def draft_config() -> ModelConfig:
@@ -125,8 +129,7 @@ class DraftTrainer:
         self.settings = settings
         self.config = draft_config()
         self.specs = draft_specs(self.config)
-        self.target = Trainer(out_dir / "target", TARGET_SETTINGS,
-                              WarmStart(target_dir, TARGET_STEP))
+        self.target = target_trainer(out_dir / "target", target_dir)
         noise = self.config.dspark_noise_token_id
         self.rows = self.target.vocab.rows([noise] if noise not in self.target.vocab.ids else [])
         # The model computes over compact rows: its noise token is the noise id's row.

@@ -3,7 +3,9 @@
 Compact form (`services/demo/weights/`, a few MB): `config.json`; `body.safetensors` with every
 tensor of the checkpoint except the vocabulary-sized ones, already in their stored form (FP8 e4m3 +
 ue8m0 scales, packed FP4 + scales, bf16, f32); `vocab.safetensors` with the trained token ids, their
-`embed` and `head` rows (bf16) and the hash-routing table (uint8 [V, k]).
+`embed` and `head` rows (bf16) and the hash-routing table (uint8 [V, k]); `training.json` with the
+step the weights are from and the settings of the run that trained them, which a run distilling a
+draft from them needs to rebuild the same vocabulary and stream (draft.py).
 
 Expansion writes a complete DeepSeek-V4 checkpoint directory (`config.json`, one safetensors shard,
 its index, the tokenizer files) in which `embed.weight` and `head.weight` are [129280, D]: trained
@@ -15,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Union
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from services.demo.schedule import LEGACY_SETTINGS, TrainSettings
 from services.worker.model.checkpoint import INDEX_FILE, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
@@ -29,6 +33,7 @@ from services.frontend.tokenizer import bundled_tokenizer_dir
 COMPACT_DIR = Path(__file__).resolve().parent / "weights"
 COMPACT_FILES = ("config.json", "body.safetensors", "vocab.safetensors")
 HELDOUT_FILE = "heldout.json"
+TRAINING_FILE = "training.json"
 SERVED_NAME = "dsv4-demo"   # the held-out evaluation prompts of the committed model
 SHARD = "model.safetensors"
 PathLike = Union[str, Path]
@@ -48,6 +53,18 @@ def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.
               str(out / "vocab.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def write_training(compact_dir: PathLike, settings: TrainSettings, step: int) -> None:
+    record = {"step": step, "settings": asdict(settings)}
+    (Path(compact_dir) / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n",
+                                                   encoding="utf-8")
+
+
+def read_training(compact_dir: PathLike) -> tuple[TrainSettings, int]:
+    """The settings that trained a compact checkpoint's weights and the step they are from."""
+    record = json.loads((Path(compact_dir) / TRAINING_FILE).read_text(encoding="utf-8"))
+    return TrainSettings(**{**LEGACY_SETTINGS, **record["settings"]}), record["step"]
 
 
 def expand(compact_dir: PathLike, out_dir: PathLike) -> Path:

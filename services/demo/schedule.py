@@ -9,7 +9,7 @@ FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fre
 # Settings a state saved by an older trainer lacks, with the values it ran under.
 LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
                    "fresh_steps": 0, "fresh_long_values": False,
-                   "fresh_composed": 0.0}
+                   "fresh_composed": 0.0, "fresh_composed_wide": False}
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ class TrainSettings:
     # and the vocabulary gains the composed templates' and frames' words (a warm start adds
     # their rows: warm_start.py).
     fresh_composed: float = 0.0
+    # With `fresh_composed_wide`, composed templates draw from the wider parts too
+    # (composed_wide.py), whose words also join the vocabulary.
+    fresh_composed_wide: bool = False
     fresh_learning_rate: float = 1e-3
     fresh_warmup_steps: int = 20
 
@@ -130,7 +133,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
-                        "fresh_frames", "fresh_long_values", "fresh_composed")}
+                        "fresh_frames", "fresh_long_values", "fresh_composed",
+                        "fresh_composed_wide")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -55,6 +55,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="the share of the fresh phase's call requests that use a composed "
                              "template (many phrasings built from parts); adds their words to "
                              "the vocabulary")
+    parser.add_argument("--fresh-composed-wide", action="store_true",
+                        help="composed templates also draw from the wider parts (numbers said "
+                             "before their noun, more phrasings of enum and boolean values); "
+                             "adds their words to the vocabulary")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
@@ -98,6 +102,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              fresh_frames=args.fresh_frames,
                              fresh_long_values=args.fresh_long_values,
                              fresh_composed=args.fresh_composed,
+                             fresh_composed_wide=args.fresh_composed_wide,
                              examples_per_scene=args.examples_per_scene)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)
@@ -160,6 +165,7 @@ def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
     compact = export.write_compact(args.out_dir / "compact", demo_config_json(), stored,
                                    trainer.vocab.ids, trainer.hash_table)
+    export.write_training(compact, trainer.settings, trainer.step_index)
     if args.install:
         for path in [*compact.iterdir(), args.out_dir / "loss.png", args.out_dir / "accuracy.png",
                      args.out_dir / "final_eval.json", args.out_dir / export.HELDOUT_FILE]:

@@ -59,7 +59,8 @@ class Trainer:
                                      scan_training(settings.seed, settings.steps,
                                                    settings.examples_per_scene))
         if settings.fresh_composed and not saved:
-            ids = sorted({*ids, *composed_vocabulary(self.encoder)})
+            ids = sorted({*ids, *composed_vocabulary(self.encoder,
+                                                     wide=settings.fresh_composed_wide)})
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))
@@ -74,7 +75,8 @@ class Trainer:
                                                accepts=self._spelled_by_vocab,
                                                frames=settings.fresh_frames,
                                                long_values=settings.fresh_long_values,
-                                               composed_share=settings.fresh_composed)
+                                               composed_share=settings.fresh_composed,
+                                               composed_wide=settings.fresh_composed_wide)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])

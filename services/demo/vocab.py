@@ -89,12 +89,26 @@ def scan_training(seed: int, scenes: int, examples: int) -> tuple[list[int], lis
     return sorted(found), sorted(copied)
 
 
-def composed_vocabulary(encoder: SceneEncoder, samples: int = COMPOSED_SAMPLES) -> list[int]:
+def composed_vocabulary(encoder: SceneEncoder, samples: int = COMPOSED_SAMPLES,
+                        wide: bool = False) -> list[int]:
     """Token ids of composed request templates (composed.py), half of them in conversational
     frames (phrasing.py), with every value spelled FILLER: what a run with composed templates
     adds to the scan. The first phase's stream holds none of the frames' first words ("Could",
-    "Would", "Kindly" …), so without these rows a framed request was skipped as untrained."""
-    composer = Composer()
+    "Would", "Kindly" …), so without these rows a framed request was skipped as untrained.
+    With `wide`, also those of the wider parts (composed_wide.py) and of every enum and boolean
+    phrase they may use, each said inside a sentence."""
+    found = _template_ids(encoder, Composer(), samples)
+    if wide:
+        composer = Composer(wide=True)
+        found |= _template_ids(encoder, composer, samples)
+        for spec in CATALOG:
+            for name, by_value in composer.value_phrases(spec).items():
+                for phrase in (p for phrases in by_value.values() for p in phrases):
+                    found.update(encoder.encode(f"Do it {phrase}."))
+    return sorted(found)
+
+
+def _template_ids(encoder: SceneEncoder, composer: Composer, samples: int) -> set[int]:
     rng = random.Random(f"composed-vocabulary:{samples}")
     found: set[int] = set()
     for _ in range(samples):
@@ -102,4 +116,4 @@ def composed_vocabulary(encoder: SceneEncoder, samples: int = COMPOSED_SAMPLES) 
         template = composer.template(spec, rng, [p.name for p in spec.params], FRAMED_SHARE)
         if template is not None:
             found.update(encoder.encode(template.format(**{p.name: FILLER for p in spec.params})))
-    return sorted(found)
+    return found

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from services.demo import export
 from services.demo.architecture import demo_config
 from services.demo.draft import (DraftParameters, draft_config, draft_specs, draft_tensors,
-                                 load_draft)
+                                 load_draft, target_trainer)
 from services.demo.draft_export import MARKOV, expand_dspark, write_draft
 from services.demo.encode import SceneEncoder
 from services.demo.vocab import tie_structure
@@ -87,3 +87,14 @@ def test_a_draft_warm_started_on_a_wider_vocabulary_keeps_its_rows_by_id(tmp_pat
         old = stored[name].float()
         assert torch.equal(rows[[wider.index(t) for t in ids]], old), name
         assert torch.allclose(rows[added], old.mean(dim=0).expand(len(added), -1)), name
+
+
+def test_the_draft_rebuilds_the_committed_targets_vocabulary_from_its_training_record(
+        tmp_path: Path) -> None:
+    """The draft learns from the target's own stream: its trainer must be the target's, built
+    from the settings recorded beside the weights (training.json), not from a copy of them."""
+    target = target_trainer(tmp_path, export.COMPACT_DIR)
+    settings, step = export.read_training(export.COMPACT_DIR)
+    stored = load_file(str(export.COMPACT_DIR / "vocab.safetensors"))["ids"].tolist()
+    assert target.vocab.ids.tolist() == stored
+    assert target.step_index == step and target.settings.fresh_composed == settings.fresh_composed

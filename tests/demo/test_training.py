@@ -43,7 +43,10 @@ def test_a_run_ended_early_writes_plots_metrics_evaluation_and_the_compact_check
     assert set(report["after_quantization"]) == {"exact", "token_accuracy", "mtp_accuracy"}
     assert report["heldout_prompts"] == 1 and report["steps"] == 1
     assert len(json.loads((out / export.HELDOUT_FILE).read_text())) == 2
-    assert sorted(p.name for p in (out / "compact").iterdir()) == sorted(export.COMPACT_FILES)
+    assert sorted(p.name for p in (out / "compact").iterdir()) == sorted(
+        export.COMPACT_FILES + (export.TRAINING_FILE,))
+    settings, step = export.read_training(out / "compact")
+    assert step == 1 and settings.steps == 2 and settings.examples_per_scene == 2
 
 
 def test_a_state_saved_before_the_copy_phase_existed_continues_into_it(tmp_path: Path) -> None:
