@@ -15,10 +15,12 @@ import ctypes
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 import httpx
@@ -126,6 +128,15 @@ def with_free_ports(cfg: StackConfig) -> StackConfig:
     )
 
 
+# Auto ports come from below the kernel's ephemeral range: a port picked there and released
+# until its service binds it could meanwhile be handed to any bind(0) or outgoing connection —
+# the worker's own gloo sockets among them (a test stack's scheduler once lost its port so).
+# Below the range only an explicit bind can take it.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+AUTO_PORTS_BELOW_RANGE = 20000     # how far below the range's start auto ports are drawn
+AUTO_PORT_TRIES = 200
+
+
 def _free_ports(wanted: list[tuple[str, int]]) -> list[int]:
     # All probe sockets stay open until every port is chosen, so no two services get the same one.
     with contextlib.ExitStack() as sockets:
@@ -134,10 +145,34 @@ def _free_ports(wanted: list[tuple[str, int]]) -> list[int]:
             if port != 0:
                 ports.append(port)
                 continue
-            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
+            sock = sockets.enter_context(bind_auto_port(host))
             ports.append(sock.getsockname()[1])
         return ports
+
+
+def auto_port_range(range_file: Path = EPHEMERAL_RANGE_FILE) -> range:
+    """The ports auto ports are drawn from: below the kernel's ephemeral range (Linux's
+    32768–60999 when the file cannot be read), never below 1024."""
+    try:
+        first = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return range(max(1024, first - AUTO_PORTS_BELOW_RANGE), first)
+
+
+def bind_auto_port(host: str) -> socket.socket:
+    """A socket bound to a free port of `auto_port_range`, or to an ephemeral one (bind to 0)
+    when that range is empty or every try there is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    candidates = auto_port_range()
+    for _ in range(AUTO_PORT_TRIES if len(candidates) else 0):
+        try:
+            sock.bind((host, random.choice(candidates)))
+            return sock
+        except OSError:
+            continue
+    sock.bind((host, 0))
+    return sock
 
 
 def frontend_url(cfg: StackConfig) -> str:

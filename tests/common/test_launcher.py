@@ -188,6 +188,22 @@ def test_port_zero_becomes_distinct_free_ports_wired_between_services() -> None:
     assert resolved.frontend.scheduler_address == f"127.0.0.1:{resolved.scheduler.port}"
 
 
+def test_auto_ports_lie_below_the_kernels_ephemeral_range(tmp_path: Path) -> None:
+    """A port chosen there cannot be handed to a bind(0) or an outgoing connection before its
+    service binds it."""
+    stack = cli_args.parse_stack_args(["--model", "/m", "--port", "0", "--scheduler-port", "0",
+                                       "--worker-port", "0"], environ={}, default_model_dir=lambda: Path("/m"))
+    resolved = launcher.with_free_ports(stack)
+    first = int(launcher.EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    for port in (resolved.frontend.port, resolved.scheduler.port, resolved.worker.port):
+        assert port < first and port in launcher.auto_port_range()
+    odd = tmp_path / "range"
+    odd.write_text("40000\t60999\n")
+    assert launcher.auto_port_range(odd) == range(20000, 40000)
+    odd.write_text("2000 60999\n")
+    assert launcher.auto_port_range(odd) == range(1024, 2000)
+
+
 def test_explicit_ports_are_kept() -> None:
     stack = cli_args.parse_stack_args(["--model", "/m"], environ={}, default_model_dir=lambda: Path("/m"))
     assert launcher.with_free_ports(stack) == stack

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Callable, Optional, Self, TypeVar
 import httpx
 import pytest
 
+from services import launcher
 from services.common.config import TlsConfig
 from services.common.grpc_channels import blocking_channel
 from services.common.pb.dsv4serve.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -75,8 +75,9 @@ NAME = "services-e2e"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    """A free port below the kernel's ephemeral range (launcher.bind_auto_port): no outgoing
+    connection can take it before the service under test binds it."""
+    with launcher.bind_auto_port("127.0.0.1") as sock:
         return sock.getsockname()[1]
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import AsyncIterator, Awaitable, Callable, Optional
 
 import grpc
 
+from services import launcher
 from services.common.config import SchedulerConfig
 from services.common.pb.dsv4serve.v1 import scheduler_pb2 as pb
 from services.common.pb.dsv4serve.v1 import scheduler_pb2_grpc
@@ -84,9 +84,10 @@ async def wait_for(fetch: Callable[[], Awaitable], done: Callable[[object], bool
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port below the kernel's ephemeral range (launcher.bind_auto_port): no outgoing
+    connection can take it before the service under test binds it."""
+    with launcher.bind_auto_port("127.0.0.1") as sock:
+        return sock.getsockname()[1]
 
 
 def scheduler_config(addresses: tuple[str, ...], **overrides) -> SchedulerConfig:
