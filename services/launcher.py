@@ -171,7 +171,11 @@ def bind_auto_port(host: str) -> socket.socket:
             return sock
         except OSError:
             continue
-    sock.bind((host, 0))
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Collection, Optional
 
 from services.demo import phrasing
@@ -154,8 +155,10 @@ def words(text: str) -> list[str]:
     return re.findall(r"\{\w+\}|[a-z0-9_'-]+", text.lower())
 
 
-def placeholders(template: str) -> set[str]:
-    return set(re.findall(r"\{(\w+)\}", template))
+@lru_cache(maxsize=None)
+def placeholders(template: str) -> frozenset[str]:
+    # Cached: the composer asks for every head's on every composition.
+    return frozenset(re.findall(r"\{(\w+)\}", template))
 
 
 def ngrams(text: str) -> set[tuple[str, ...]]:
@@ -182,13 +185,12 @@ class Composer:
 
     def __init__(self, guard: Optional[HeldOutGuard] = None, wide: bool = False):
         self.guard = guard or HeldOutGuard()
-        self.parts = WIDE_PARTS if wide else PARTS
-        self.wide = wide
+        self.parts, self.phrases = (WIDE_PARTS, WIDE_PHRASES) if wide else (PARTS, {})
 
     def value_phrases(self, spec: ToolSpec) -> ValuePhrases:
         """The phrases beyond the catalog's that a composed template of `spec` may say an enum or
         boolean value with."""
-        return WIDE_PHRASES.get(spec.name, {}) if self.wide else {}
+        return self.phrases.get(spec.name, {})
 
     def template(self, spec: ToolSpec, rng: random.Random, declared: Collection[str],
                  framed_share: float) -> Optional[str]:
@@ -207,7 +209,8 @@ class Composer:
 
     def _compose(self, spec: ToolSpec, rng: random.Random, declared: Collection[str]) -> str:
         parts = self.parts[spec.name]
-        head = rng.choice([h for h in parts.heads if placeholders(h) <= set(declared)])
+        usable = set(declared)
+        head = rng.choice([h for h in parts.heads if placeholders(h) <= usable])
         wanted = [p.name for p in spec.params if "{" + p.name + "}" not in head
                   and (p.name in spec.required or (p.name in declared and rng.random() < 0.5))]
         slots = [rng.choice(parts.slots[name]) for name in wanted]

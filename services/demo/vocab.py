@@ -102,7 +102,7 @@ def composed_vocabulary(encoder: SceneEncoder, samples: int = COMPOSED_SAMPLES,
         composer = Composer(wide=True)
         found |= _template_ids(encoder, composer, samples)
         for spec in CATALOG:
-            for name, by_value in composer.value_phrases(spec).items():
+            for by_value in composer.value_phrases(spec).values():
                 for phrase in (p for phrases in by_value.values() for p in phrases):
                     found.update(encoder.encode(f"Do it {phrase}."))
     return sorted(found)

@@ -3,7 +3,6 @@ and no held-out sentence brought into training."""
 from __future__ import annotations
 
 import random
-import string
 
 import pytest
 
@@ -11,10 +10,6 @@ from services.demo.composed import PARTS, WIDE_PARTS, Composer, HeldOutGuard, ng
 from services.demo.composed_wide import WIDE_PHRASES
 from services.demo.dialogs import FRAMED_SHARE, DialogGenerator
 from services.demo.tools import CATALOG
-
-
-def _placeholders(template: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 @pytest.mark.parametrize("table", [PARTS, WIDE_PARTS], ids=["parts", "wide"])
@@ -39,7 +34,7 @@ def test_composed_templates_set_the_required_and_only_declared_parameters(wide: 
                         if p.name in spec.required or rng.random() < 0.6}
             template = composer.template(spec, rng, declared, FRAMED_SHARE)
             assert template is not None
-            assert set(spec.required) <= _placeholders(template) <= declared, template
+            assert set(spec.required) <= placeholders(template) <= declared, template
 
 
 def test_each_tool_is_asked_in_many_different_sentences() -> None:
