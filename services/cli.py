@@ -6,6 +6,7 @@
     dsv4serve make-demo-checkpoint OUT_DIR   the default model (trained demo), written somewhere explicit
     dsv4serve train-demo OUT_DIR [args]   train the demo model (the default model's recipe)
     dsv4serve train-demo-draft OUT_DIR [args]   train the demo's DSpark draft on the demo target
+    dsv4serve average-demo OUT_DIR RUN_DIR...   the demo model averaged over train-demo runs
     dsv4serve check [--url URL]      the post-upgrade check: health, one constrained tool call, one chat
     dsv4serve probe grpc ADDR | probe http URL   exit 0 when ready (container health checks)
 
@@ -105,6 +106,12 @@ def run_train_demo_draft(argv: Sequence[str]) -> int:
     from services.demo import draft_cli
 
     return draft_cli.main(list(argv))
+
+
+def run_average_demo(argv: Sequence[str]) -> int:
+    from services.demo import average_cli
+
+    return average_cli.main(list(argv))
 
 
 # ---- probe: readiness for container health checks ----
@@ -254,6 +261,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "make-demo-checkpoint": run_make_demo_checkpoint,
     "train-demo": run_train_demo,
     "train-demo-draft": run_train_demo_draft,
+    "average-demo": run_average_demo,
     "check": run_check,
     "probe": run_probe,
 }

@@ -19,7 +19,7 @@ import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -55,8 +55,13 @@ def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.
     return out
 
 
-def write_training(compact_dir: PathLike, settings: TrainSettings, step: int) -> None:
+def write_training(compact_dir: PathLike, settings: TrainSettings, step: int,
+                   averaged_from: Sequence[dict] = ()) -> None:
+    """`training.json`: the step and settings of the weights (for an average of runs, those of
+    the first run; `averaged_from` then names every run with its own step and settings)."""
     record = {"step": step, "settings": asdict(settings)}
+    if averaged_from:
+        record["averaged_from"] = list(averaged_from)
     (Path(compact_dir) / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n",
                                                    encoding="utf-8")
 

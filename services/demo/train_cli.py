@@ -13,6 +13,7 @@ import json
 import resource
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -109,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     evalsets = copy_evalsets(trainer, args.eval_count)
     if warm_start and not trainer.history:
         # The copy metric of the checkpoint as loaded, before any step: the run's baseline.
-        trainer.history.append(_copy_eval(trainer, evalsets))
+        trainer.history.append(copy_eval(trainer, evalsets))
         tqdm.write(json.dumps(trainer.history[-1]))
     last = min(settings.total_steps, args.stop_after or settings.total_steps)
     with tqdm(total=settings.total_steps, initial=trainer.step_index, unit="step") as bar:
@@ -119,17 +120,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['token_accuracy']:.3f}")
             step = trainer.step_index
             if step % args.eval_every == 0 or step == last:
-                record = _copy_eval(trainer, evalsets)
+                record = copy_eval(trainer, evalsets)
                 trainer.history.append(record)
                 bar.write(json.dumps(record))
             if step % args.save_every == 0 or step == last:
                 _checkpoint(trainer, args.out_dir)
-    report = _finish(trainer, args, time.monotonic() - started)
+    report = finish(trainer, args.out_dir, FinalEval(args.heldout_count, args.final_eval_count),
+                    args.install, time.monotonic() - started)
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _copy_eval(trainer: Trainer, evalsets: dict) -> dict:
+def copy_eval(trainer: Trainer, evalsets: dict) -> dict:
     """The held-out copy metric (evaluate.copy_accuracy) of every set; `heldout_exact`: the
     share of held-out calls whose completion is exact."""
     record: dict = {"step": trainer.step_index}
@@ -147,28 +149,35 @@ def _checkpoint(trainer: Trainer, out_dir: Path) -> None:
     write_plots(trainer.history, out_dir)
 
 
-def _finish(trainer: Trainer, args: argparse.Namespace, wall_s: float) -> dict:
+@dataclass(frozen=True)
+class FinalEval:
+    heldout_count: int       # held-out prompts written to heldout.json (the bench's set)
+    scored_count: int        # how many of them the teacher-forced evaluation scores
+
+
+def finish(trainer: Trainer, out_dir: Path, final_eval: FinalEval, install: bool,
+           wall_s: float) -> dict:
     """Final held-out evaluation (float and quantized), compact export, optional install."""
-    scenes = heldout_scenes(trainer.vocab, trainer.encoder, args.heldout_count,
+    scenes = heldout_scenes(trainer.vocab, trainer.encoder, final_eval.heldout_count,
                             trainer.training_values)
-    evaluated = scenes[:args.final_eval_count]
+    evaluated = scenes[:final_eval.scored_count]
     report = {"steps": trainer.step_index, "wall_s_this_run": round(wall_s),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
               "heldout_prompts": len(evaluated),
               "before_quantization": teacher_forced(trainer, evaluated, quantized=False),
               "after_quantization": teacher_forced(trainer, evaluated, quantized=True)}
-    (args.out_dir / "final_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "final_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     heldout = [{"request": s.scene.request(s.examples[0].example),
                 "expected": dict(zip(("name", "arguments"), s.examples[0].example.expected_call))}
                for s in scenes]
-    (args.out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
+    (out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
-    compact = export.write_compact(args.out_dir / "compact", demo_config_json(), stored,
+    compact = export.write_compact(out_dir / "compact", demo_config_json(), stored,
                                    trainer.vocab.ids, trainer.hash_table)
-    export.write_training(compact, trainer.settings, trainer.step_index)
-    if args.install:
-        for path in [*compact.iterdir(), args.out_dir / "loss.png", args.out_dir / "accuracy.png",
-                     args.out_dir / "final_eval.json", args.out_dir / export.HELDOUT_FILE]:
+    export.write_training(compact, trainer.settings, trainer.step_index, trainer.averaged_from)
+    if install:
+        for path in [*compact.iterdir(), out_dir / "loss.png", out_dir / "accuracy.png",
+                     out_dir / "final_eval.json", out_dir / export.HELDOUT_FILE]:
             export.COMPACT_DIR.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, export.COMPACT_DIR / path.name)
     return report

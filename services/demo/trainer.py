@@ -69,6 +69,9 @@ class Trainer:
                                            betas=(0.9, 0.95))
         self.step_index = 0
         self.history: list[dict] = []
+        # The runs whose weights this state averages (average_cli.py), each {"run", "step",
+        # "settings"}; empty for a trained state.
+        self.averaged_from: list[dict] = []
         self._heldout_values: Optional[set[str]] = None
         self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
         self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
@@ -81,6 +84,7 @@ class Trainer:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_index, self.history = saved["step"], saved["history"]
+            self.averaged_from = saved.get("averaged_from", [])
         elif warm_start:
             self.hash_table = load_compact(self.params, self.vocab, self.specs,
                                            warm_start.compact_dir)
@@ -176,7 +180,7 @@ class Trainer:
                  "step": self.step_index, "history": self.history,
                  "vocab_ids": self.vocab.ids.tolist(), "training_values": self.training_values,
                  "hash_table": self.hash_table,
-                 "settings": asdict(self.settings)}
+                 "settings": asdict(self.settings), "averaged_from": self.averaged_from}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         staging = self.out_dir / (STATE_FILE + ".tmp")
         torch.save(state, staging)
