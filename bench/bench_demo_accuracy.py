@@ -87,21 +87,24 @@ def evaluate(base_url: str, model: str, entries: list[dict[str, Any]], mode: str
 
 
 PER_POSITION = {"dsv4serve:spec_decode_num_accepted_tokens_per_pos_total": "accepted",
-                "dsv4serve:spec_decode_num_draft_tokens_per_pos_total": "drafted"}
+                "dsv4serve:spec_decode_num_draft_tokens_per_pos_total": "drafted",
+                "dsv4serve:spec_decode_num_accepted_proposals_per_pos_total": "proposed"}
 
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """Verify rows with a draft, and drafted tokens accepted and verified per position, so far."""
+    """Verify rows with a draft; per position, drafted tokens accepted and verified, and windows
+    accepted up to there holding the drafter's proposals; so far."""
 
     drafts: float
     accepted: list[float]
     drafted: list[float]
+    proposed: list[float]
 
 
 def spec_counters(base_url: str) -> SpecCounts:
     text = httpx.get(f"{base_url}/metrics", trust_env=False).text
-    drafts, per_position = 0.0, {"accepted": {}, "drafted": {}}
+    drafts, per_position = 0.0, {kind: {} for kind in PER_POSITION.values()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "dsv4serve:spec_decode_num_drafts_total":
@@ -109,8 +112,8 @@ def spec_counters(base_url: str) -> SpecCounts:
             elif sample.name in PER_POSITION:
                 position = int(sample.labels["position"])
                 per_position[PER_POSITION[sample.name]][position] = sample.value
-    accepted, drafted = ([counts[k] for k in sorted(counts)] for counts in per_position.values())
-    return SpecCounts(drafts, accepted, drafted)
+    return SpecCounts(drafts, **{kind: [counts[k] for k in sorted(counts)]
+                                 for kind, counts in per_position.items()})
 
 
 def _growth(before: list[float], after: list[float]) -> list[float]:
@@ -118,16 +121,19 @@ def _growth(before: list[float], after: list[float]) -> list[float]:
 
 
 def acceptance_line(before: SpecCounts, after: SpecCounts) -> str:
-    """Per position, accepted drafted tokens over verify rows (vLLM's figure), and over the rows
-    whose token there was drafted rather than grammar-forced (the drafter's own figure; the two
-    differ only where forced tokens fill positions of a window)."""
+    """Per position, over verify rows: windows accepted up to there holding the drafter's own
+    proposals (vLLM's figure: a grammar-forced token counts where the drafter proposed it, as it
+    would have to there), and accepted drafted tokens; then accepted drafted tokens over the rows
+    whose token there was drafted rather than forced. Without a grammar all three agree."""
     drafts = after.drafts - before.drafts
     if not drafts:
         return "no drafts (start the stack with --speculative-config)"
+    proposed = _growth(before.proposed, after.proposed)
     accepted = _growth(before.accepted, after.accepted)
     drafted = _growth(before.drafted, after.drafted)
-    return (f"{int(drafts)} drafts, accepted per position "
-            + " ".join(f"{n / drafts:.0%}" for n in accepted)
+    return (f"{int(drafts)} drafts, per position: proposals accepted "
+            + " ".join(f"{n / drafts:.0%}" for n in proposed)
+            + "; drafted tokens accepted " + " ".join(f"{n / drafts:.0%}" for n in accepted)
             + "; of drafted (not forced) tokens there "
             + " ".join(f"{n / d:.0%}" if d else "-" for n, d in zip(accepted, drafted)))
 

@@ -136,6 +136,10 @@ class _SchedulerCollector:
         yield self._per_pos("dsv4serve:spec_decode_num_draft_tokens_per_pos",
                             "Drafted (not grammar-forced) tokens verified, by draft position.",
                             self._snapshot.spec_decode_num_draft_tokens_per_pos)
+        yield self._per_pos("dsv4serve:spec_decode_num_accepted_proposals_per_pos",
+                            "Windows accepted up to a draft position holding the drafter's own "
+                            "proposals (grammar-forced tokens it proposed count).",
+                            self._snapshot.spec_decode_num_accepted_proposals_per_pos)
 
     def _per_pos(self, name: str, help_text: str, counts: tuple[int, ...]) -> Metric:
         metric = CounterMetricFamily(name, help_text, labels=_MODEL + ["position"])

@@ -88,6 +88,8 @@ class SchedulerClient:
                 r.spec_decode_num_accepted_tokens_per_pos),
             spec_decode_num_forced_tokens=r.spec_decode_num_forced_tokens,
             spec_decode_num_draft_tokens_per_pos=tuple(r.spec_decode_num_draft_tokens_per_pos),
+            spec_decode_num_accepted_proposals_per_pos=tuple(
+                r.spec_decode_num_accepted_proposals_per_pos),
             step_seconds_total=r.step_seconds_total,
             worker_forward_seconds_total=r.worker_forward_seconds_total)
 

@@ -33,6 +33,10 @@ class SpecCounters:
     num_forced_tokens: int = 0       # grammar-forced drafts sent
     accepted_per_pos: list[int] = field(default_factory=list)  # by draft index
     drafted_per_pos: list[int] = field(default_factory=list)   # verified, not forced, by index
+    # By index: the drafter's own proposal was accepted there and at every index before, forced
+    # positions included when the drafter proposed the forced token (vLLM's per-position
+    # acceptance, where a grammar validates drafts but never forces tokens into a window).
+    proposed_per_pos: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCou
     forced = list(row.draft_forced) or [False] * len(row.draft_token_ids)
     drafted = [i for i, is_forced in enumerate(forced) if not is_forced]
     accepted_drafted = [i for i in drafted if i < accepted]
+    proposed = range(_accepted_as_proposed(request, row, accepted))
     for per_pos, positions in ((counters.accepted_per_pos, accepted_drafted),
-                               (counters.drafted_per_pos, drafted)):
+                               (counters.drafted_per_pos, drafted),
+                               (counters.proposed_per_pos, proposed)):
         per_pos.extend([0] * (len(forced) - len(per_pos)))
         for i in positions:
             per_pos[i] += 1
@@ -144,3 +150,15 @@ def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCou
     request.spec.drafted_tokens += len(drafted)
     request.spec.accepted_tokens += len(accepted_drafted)
     request.spec.forced_tokens += sum(forced)
+
+
+def _accepted_as_proposed(request: Request, row: ScheduledRow, accepted: int) -> int:
+    """How many of the window's first positions were accepted holding the drafter's own
+    proposal (the proposals the window was built from are still the request's until the commit
+    replaces them)."""
+    skip = row.num_computed_tokens + row.num_new_tokens - request.proposals_from
+    proposals = request.proposed_token_ids[skip:] if skip >= 0 else []
+    run = 0
+    while run < min(accepted, len(proposals)) and proposals[run] == row.draft_token_ids[run]:
+        run += 1
+    return run

@@ -69,7 +69,8 @@ class SchedulerSnapshot:
             partitions=partitions,
             counters=replace(counters, spec=replace(
                 counters.spec, accepted_per_pos=list(counters.spec.accepted_per_pos),
-                drafted_per_pos=list(counters.spec.drafted_per_pos))),
+                drafted_per_pos=list(counters.spec.drafted_per_pos),
+                proposed_per_pos=list(counters.spec.proposed_per_pos))),
             grammar_cache_entries=grammar.cache_entries if grammar is not None else 0,
             requests=[summarize(r) for r in live] if include_requests else [],
             prefix_caching_enabled=scheduler is not None and scheduler.prefix.policy.enabled,
