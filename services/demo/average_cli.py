@@ -40,7 +40,8 @@ def averaged_state(states: list[dict], names: list[str]) -> dict:
     params = {key: reduce(torch.add, [s["params"][key] for s in states]) / len(states)
               for key in first["params"]}
     optimizer = {"state": {}, "param_groups": first["optimizer"]["param_groups"]}
-    sources = [{"run": name, "step": s["step"], "settings": s["settings"]}
+    sources = [{"run": name, "step": s["step"], "settings": s["settings"],
+                **({"averaged_from": s["averaged_from"]} if s.get("averaged_from") else {})}
                for name, s in zip(names, states)]
     return {**first, "params": params, "optimizer": optimizer, "averaged_from": sources}
 
