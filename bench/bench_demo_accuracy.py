@@ -86,6 +86,8 @@ def evaluate(base_url: str, model: str, entries: list[dict[str, Any]], mode: str
             return list(pool.map(one, entries))
 
 
+TOTALS = {"dsv4serve:spec_decode_num_drafts_total": "drafts",
+          "dsv4serve:spec_decode_num_proposal_sets_total": "proposal_sets"}
 PER_POSITION = {"dsv4serve:spec_decode_num_accepted_tokens_per_pos_total": "accepted",
                 "dsv4serve:spec_decode_num_draft_tokens_per_pos_total": "drafted",
                 "dsv4serve:spec_decode_num_accepted_proposals_per_pos_total": "proposed"}
@@ -93,10 +95,11 @@ PER_POSITION = {"dsv4serve:spec_decode_num_accepted_tokens_per_pos_total": "acce
 
 @dataclass(frozen=True)
 class SpecCounts:
-    """Verify rows with a draft; per position, drafted tokens accepted and verified, and windows
-    accepted up to there holding the drafter's proposals; so far."""
+    """Verify rows with a draft and the drafter's proposal sets checked; per position, drafted
+    tokens accepted and verified, and proposals accepted with every one before them; so far."""
 
     drafts: float
+    proposal_sets: float
     accepted: list[float]
     drafted: list[float]
     proposed: list[float]
@@ -104,16 +107,17 @@ class SpecCounts:
 
 def spec_counters(base_url: str) -> SpecCounts:
     text = httpx.get(f"{base_url}/metrics", trust_env=False).text
-    drafts, per_position = 0.0, {kind: {} for kind in PER_POSITION.values()}
+    totals, per_position = {}, {kind: {} for kind in PER_POSITION.values()}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "dsv4serve:spec_decode_num_drafts_total":
-                drafts = sample.value
+            if sample.name in TOTALS:
+                totals[TOTALS[sample.name]] = sample.value
             elif sample.name in PER_POSITION:
                 position = int(sample.labels["position"])
                 per_position[PER_POSITION[sample.name]][position] = sample.value
-    return SpecCounts(drafts, **{kind: [counts[k] for k in sorted(counts)]
-                                 for kind, counts in per_position.items()})
+    return SpecCounts(**{kind: totals.get(kind, 0.0) for kind in TOTALS.values()},
+                      **{kind: [counts[k] for k in sorted(counts)]
+                         for kind, counts in per_position.items()})
 
 
 def _growth(before: list[float], after: list[float]) -> list[float]:
@@ -121,19 +125,21 @@ def _growth(before: list[float], after: list[float]) -> list[float]:
 
 
 def acceptance_line(before: SpecCounts, after: SpecCounts) -> str:
-    """Per position, over verify rows: windows accepted up to there holding the drafter's own
-    proposals (vLLM's figure: a grammar-forced token counts where the drafter proposed it, as it
-    would have to there), and accepted drafted tokens; then accepted drafted tokens over the rows
-    whose token there was drafted rather than forced. Without a grammar all three agree."""
+    """Per position: the drafter's proposals accepted with every one before them, over its
+    proposal sets (vLLM's figure: a grammar-forced token counts where the drafter proposed it,
+    as it would have to be in a stack that forces none); accepted drafted tokens over verify rows;
+    and over the rows whose token there was drafted rather than forced."""
     drafts = after.drafts - before.drafts
     if not drafts:
         return "no drafts (start the stack with --speculative-config)"
+    sets = after.proposal_sets - before.proposal_sets
     proposed = _growth(before.proposed, after.proposed)
     accepted = _growth(before.accepted, after.accepted)
     drafted = _growth(before.drafted, after.drafted)
-    return (f"{int(drafts)} drafts, per position: proposals accepted "
-            + " ".join(f"{n / drafts:.0%}" for n in proposed)
-            + "; drafted tokens accepted " + " ".join(f"{n / drafts:.0%}" for n in accepted)
+    return (f"{int(sets)} proposal sets, accepted per position "
+            + " ".join(f"{n / sets:.1%}" for n in proposed)
+            + f"; {int(drafts)} verify rows, drafted tokens accepted "
+            + " ".join(f"{n / drafts:.0%}" for n in accepted)
             + "; of drafted (not forced) tokens there "
             + " ".join(f"{n / d:.0%}" if d else "-" for n, d in zip(accepted, drafted)))
 

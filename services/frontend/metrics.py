@@ -137,8 +137,8 @@ class _SchedulerCollector:
                             "Drafted (not grammar-forced) tokens verified, by draft position.",
                             self._snapshot.spec_decode_num_draft_tokens_per_pos)
         yield self._per_pos("dsv4serve:spec_decode_num_accepted_proposals_per_pos",
-                            "Windows accepted up to a draft position holding the drafter's own "
-                            "proposals (grammar-forced tokens it proposed count).",
+                            "Drafter proposals equal to the committed token, with every one "
+                            "before them in their set, by index in the set.",
                             self._snapshot.spec_decode_num_accepted_proposals_per_pos)
 
     def _per_pos(self, name: str, help_text: str, counts: tuple[int, ...]) -> Metric:
@@ -223,4 +223,7 @@ def _scheduler_samples(s: SchedulerSnapshot) -> list[tuple[str, type, str, float
         ("dsv4serve:spec_decode_num_forced_tokens", counter,
          "Grammar-forced draft tokens (accepted with their prefix).",
          s.spec_decode_num_forced_tokens),
+        ("dsv4serve:spec_decode_num_proposal_sets", counter,
+         "Drafter proposal sets checked against the tokens committed after them.",
+         s.spec_decode_num_proposal_sets),
     ]

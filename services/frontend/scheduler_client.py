@@ -90,6 +90,7 @@ class SchedulerClient:
             spec_decode_num_draft_tokens_per_pos=tuple(r.spec_decode_num_draft_tokens_per_pos),
             spec_decode_num_accepted_proposals_per_pos=tuple(
                 r.spec_decode_num_accepted_proposals_per_pos),
+            spec_decode_num_proposal_sets=r.spec_decode_num_proposal_sets,
             step_seconds_total=r.step_seconds_total,
             worker_forward_seconds_total=r.worker_forward_seconds_total)
 

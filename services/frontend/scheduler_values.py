@@ -121,5 +121,6 @@ class SchedulerSnapshot:
     spec_decode_num_forced_tokens: int = 0
     spec_decode_num_draft_tokens_per_pos: tuple[int, ...] = ()
     spec_decode_num_accepted_proposals_per_pos: tuple[int, ...] = ()
+    spec_decode_num_proposal_sets: int = 0
     step_seconds_total: float = 0.0
     worker_forward_seconds_total: float = 0.0

@@ -108,6 +108,7 @@ def state_to_proto(snapshot: SchedulerSnapshot,
         spec_decode_num_forced_tokens=counters.spec.num_forced_tokens,
         spec_decode_num_draft_tokens_per_pos=counters.spec.drafted_per_pos,
         spec_decode_num_accepted_proposals_per_pos=counters.spec.proposed_per_pos,
+        spec_decode_num_proposal_sets=counters.spec.num_proposal_sets,
         num_live_draft_states=snapshot.num_live_draft_states,
         step_seconds_total=counters.step_seconds_total,
         worker_forward_seconds_total=counters.worker_forward_seconds_total)

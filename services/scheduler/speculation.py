@@ -33,9 +33,11 @@ class SpecCounters:
     num_forced_tokens: int = 0       # grammar-forced drafts sent
     accepted_per_pos: list[int] = field(default_factory=list)  # by draft index
     drafted_per_pos: list[int] = field(default_factory=list)   # verified, not forced, by index
-    # By index: the drafter's own proposal was accepted there and at every index before, forced
-    # positions included when the drafter proposed the forced token (vLLM's per-position
-    # acceptance, where a grammar validates drafts but never forces tokens into a window).
+    # The drafter's proposal sets checked against the tokens committed after them, and by index
+    # within a set, the proposals equal to the committed token there and at every index before
+    # (vLLM's per-position acceptance: grammar-forced tokens count where the drafter proposed
+    # them, as it must in a stack whose grammar validates drafts but forces none).
+    num_proposal_sets: int = 0
     proposed_per_pos: list[int] = field(default_factory=list)
 
 
@@ -126,6 +128,7 @@ def commit_verified_row(request: Request, row: ScheduledRow, result: RowResult,
     _count(request, row, accepted, counters)
     tokens = list(row.draft_token_ids[:accepted]) + [result.sampled_token_id]
     outcome = commit_verified(request, first_pos, tokens, limits, grammar_forced)
+    _count_proposals(request, counters)
     request.proposed_token_ids = list(result.proposed_token_ids)
     request.proposals_from = first_pos + accepted + 1
     return outcome
@@ -135,10 +138,8 @@ def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCou
     forced = list(row.draft_forced) or [False] * len(row.draft_token_ids)
     drafted = [i for i, is_forced in enumerate(forced) if not is_forced]
     accepted_drafted = [i for i in drafted if i < accepted]
-    proposed = range(_accepted_as_proposed(request, row, accepted))
     for per_pos, positions in ((counters.accepted_per_pos, accepted_drafted),
-                               (counters.drafted_per_pos, drafted),
-                               (counters.proposed_per_pos, proposed)):
+                               (counters.drafted_per_pos, drafted)):
         per_pos.extend([0] * (len(forced) - len(per_pos)))
         for i in positions:
             per_pos[i] += 1
@@ -152,13 +153,20 @@ def _count(request: Request, row: ScheduledRow, accepted: int, counters: SpecCou
     request.spec.forced_tokens += sum(forced)
 
 
-def _accepted_as_proposed(request: Request, row: ScheduledRow, accepted: int) -> int:
-    """How many of the window's first positions were accepted holding the drafter's own
-    proposal (the proposals the window was built from are still the request's until the commit
-    replaces them)."""
-    skip = row.num_computed_tokens + row.num_new_tokens - request.proposals_from
-    proposals = request.proposed_token_ids[skip:] if skip >= 0 else []
+def _count_proposals(request: Request, counters: SpecCounters) -> None:
+    """The request's last proposals against the tokens committed since they were made: those
+    grammar-forced after the bonus they followed, then this row's accepted drafts, bonus and
+    forced run."""
+    proposals = request.proposed_token_ids
+    if not proposals:
+        return
+    end = min(request.num_tokens, request.proposals_from + len(proposals))
+    committed = request.tokens_in_range(request.proposals_from, end)
     run = 0
-    while run < min(accepted, len(proposals)) and proposals[run] == row.draft_token_ids[run]:
+    while run < len(committed) and committed[run] == proposals[run]:
         run += 1
-    return run
+    counters.num_proposal_sets += 1
+    per_pos = counters.proposed_per_pos
+    per_pos.extend([0] * (len(proposals) - len(per_pos)))
+    for i in range(run):
+        per_pos[i] += 1

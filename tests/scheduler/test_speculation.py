@@ -134,34 +134,32 @@ def test_per_position_counts_leave_grammar_forced_positions_out(grammar, tool_gr
 
 
 def test_accepted_proposals_equal_accepted_drafts_without_a_grammar():
+    _, _, scheduler = run(K, PROMPTS[:1], 41)
+    spec = scheduler.counters.spec
+    assert spec.proposed_per_pos == spec.accepted_per_pos == [spec.num_drafts] * K
+    assert spec.num_proposal_sets == spec.num_drafts
     _, _, scheduler = run(K, PROMPTS, corrupt=lambda position: position % 3 == 0)
     spec = scheduler.counters.spec
-    assert spec.proposed_per_pos == spec.accepted_per_pos and 0 < spec.num_accepted_tokens
-
-
-def test_accepted_proposals_count_forced_tokens_the_drafter_proposed(grammar, tool_grammar):
-    """An oracle drafter proposes the forced tokens too, so they count where it proposed them —
-    vLLM's count, where the drafter must guess them (a window's forced tail past its K proposals,
-    after a forced run at the bonus used some up, was proposed by no one and does not)."""
-    target = SimulatedTarget(preferred=steering(grammar))
-    _, _, scheduler = run(K, PROMPTS, 120, target=target, grammar=grammar, compiled=tool_grammar)
-    spec = scheduler.counters.spec
-    assert spec.num_forced_tokens > 0 and spec.proposed_per_pos[0] == spec.num_drafts
     assert all(p >= a for p, a in zip(spec.proposed_per_pos, spec.accepted_per_pos))
-    assert sum(spec.proposed_per_pos) > spec.num_accepted_tokens
+    assert spec.proposed_per_pos[2] == 0 < spec.proposed_per_pos[1]
 
 
-def test_accepted_proposals_stop_at_the_drafters_first_miss_even_where_forced():
-    """Window [30, 31f, 32f, 33] fully accepted; the drafter had proposed 40 where the grammar
-    forced 31: its proposals count up to there, the drafted 33 still counts as accepted."""
+@pytest.mark.parametrize("proposals, proposed_per_pos", [
+    ([30, 31, 32, 33], [1, 1, 1, 1]),   # the drafter proposed the forced 31 and 32: they count
+    ([30, 40, 32, 33], [1, 0, 0, 0]),   # it proposed 40 where 31 was forced: its set stops there
+])
+def test_accepted_proposals_count_forced_tokens_where_the_drafter_proposed_them(
+        proposals, proposed_per_pos):
+    """Window [30, 31 forced, 32 forced, 33], all accepted; the drafted 33 counts as an accepted
+    drafted token either way."""
     request, _ = make_request("m", [5, 6, 7], 40)
-    request.proposed_token_ids, request.proposals_from = [30, 40, 32, 33], request.num_tokens
+    request.proposed_token_ids, request.proposals_from = proposals, request.num_tokens
     row = ScheduledRow(request.seq_id, request.num_tokens - 1, 1, sample=True,
                        draft_token_ids=(30, 31, 32, 33), draft_forced=(False, True, True, False))
     counters = SpecCounters()
     commit_verified_row(request, row, RowResult(request.seq_id, 34, num_accepted_drafts=4),
                         Limits(max_model_len=4096, eos_token_id=EOS_TOKEN_ID), counters)
-    assert counters.proposed_per_pos == [1, 0, 0, 0]
+    assert counters.num_proposal_sets == 1 and counters.proposed_per_pos == proposed_per_pos
     assert counters.accepted_per_pos == [1, 0, 0, 1] and counters.num_forced_tokens == 2
 
 
