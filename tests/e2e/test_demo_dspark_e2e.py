@@ -58,7 +58,7 @@ def test_the_trained_draft_is_accepted_and_changes_no_token(demo_stack, demo_dsp
                             "dsv4serve:spec_decode_num_accepted_tokens_per_pos_total")
     proposed = per_position(demo_dspark_stack,
                             "dsv4serve:spec_decode_num_accepted_proposals_per_pos_total")
-    assert accepted[0] > 0 and proposed[0] == accepted[0]
+    assert accepted[0] > 0
     # With strict tools the grammar forces the call's structure; the trained draft proposes
     # much of it, which vLLM's count of accepted proposals includes and the drafted count not.
-    assert sum(proposed) > sum(accepted)
+    assert proposed[0] >= accepted[0] and sum(proposed) > sum(accepted)
