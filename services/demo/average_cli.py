@@ -20,12 +20,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from services.demo import export
 from services.demo.evaluate import copy_evalsets
 from services.demo.plots import write_plots
-from services.demo.schedule import LEGACY_SETTINGS
-from services.demo.train_cli import FinalEval, copy_eval, finish
-from services.demo.trainer import STATE_FILE, Trainer, TrainSettings
+from services.demo.schedule import saved_settings
+from services.demo.train_cli import FinalEval, add_evaluation_args, copy_eval, finish
+from services.demo.trainer import STATE_FILE, Trainer
 
 SHARED = ("step", "vocab_ids", "training_values")   # must be equal in every averaged state
 
@@ -63,14 +62,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("out_dir", type=Path, help="directory of the averaged model")
     parser.add_argument("runs", type=Path, nargs="+", help="train-demo directories to average")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--eval-count", type=int, default=40,
-                        help="held-out calls (and drills of each kind) of the copy metric")
-    parser.add_argument("--heldout-count", type=int, default=100,
-                        help=f"held-out prompts written to {export.HELDOUT_FILE} (the bench's set)")
-    parser.add_argument("--final-eval-count", type=int, default=100,
-                        help="how many of them the final teacher-forced evaluation scores")
-    parser.add_argument("--install", action="store_true",
-                        help=f"copy the result into {export.COMPACT_DIR} (the default model)")
+    add_evaluation_args(parser)
     args = parser.parse_args(list(argv))
     if len(args.runs) < 2:
         parser.error("name at least two runs to average")
@@ -89,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     args.out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(state, args.out_dir / STATE_FILE)
-    trainer = Trainer(args.out_dir, TrainSettings(**{**LEGACY_SETTINGS, **state["settings"]}))
+    trainer = Trainer(args.out_dir, saved_settings(state["settings"]))
     trainer.history.append({**copy_eval(trainer, copy_evalsets(trainer, args.eval_count)),
                             "averaged": True})
     trainer.save()

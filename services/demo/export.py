@@ -24,7 +24,7 @@ from typing import Sequence, Union
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.demo.schedule import LEGACY_SETTINGS, TrainSettings
+from services.demo.schedule import TrainSettings, saved_settings
 from services.worker.model.checkpoint import INDEX_FILE, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
@@ -69,7 +69,7 @@ def write_training(compact_dir: PathLike, settings: TrainSettings, step: int,
 def read_training(compact_dir: PathLike) -> tuple[TrainSettings, int]:
     """The settings that trained a compact checkpoint's weights and the step they are from."""
     record = json.loads((Path(compact_dir) / TRAINING_FILE).read_text(encoding="utf-8"))
-    return TrainSettings(**{**LEGACY_SETTINGS, **record["settings"]}), record["step"]
+    return saved_settings(record["settings"]), record["step"]
 
 
 def expand(compact_dir: PathLike, out_dir: PathLike) -> Path:

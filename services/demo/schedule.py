@@ -123,6 +123,11 @@ class TrainSettings:
                              self.fresh_learning_rate)
 
 
+def saved_settings(saved: dict) -> TrainSettings:
+    """The settings a state or `training.json` recorded (older ones lack the newer fields)."""
+    return TrainSettings(**{**LEGACY_SETTINGS, **saved})
+
+
 def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     """Whether a state saved after `steps_done` steps under `saved` settings may continue under
     `current`: every step it ran is the same step (phase, data, learning rate) under both. Fields

@@ -77,18 +77,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--save-every", type=int, default=25, help="steps between saved states")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evals")
+    add_evaluation_args(parser)
+    args = parser.parse_args(list(argv))
+    if args.warm_start and not args.warm_start_step:
+        parser.error("--warm-start needs --warm-start-step")
+    return args
+
+
+def add_evaluation_args(parser: argparse.ArgumentParser) -> None:
+    """The copy metric's and the final evaluation's flags, and --install (also average-demo's)."""
     parser.add_argument("--eval-count", type=int, default=40,
-                        help="held-out calls (and drills of each kind) per eval")
+                        help="held-out calls (and drills of each kind) per copy-metric eval")
     parser.add_argument("--heldout-count", type=int, default=100,
                         help=f"held-out prompts written to {export.HELDOUT_FILE} (the bench's set)")
     parser.add_argument("--final-eval-count", type=int, default=100,
                         help="how many of them the final teacher-forced evaluation scores")
     parser.add_argument("--install", action="store_true",
                         help=f"copy the result into {export.COMPACT_DIR} (the default model)")
-    args = parser.parse_args(list(argv))
-    if args.warm_start and not args.warm_start_step:
-        parser.error("--warm-start needs --warm-start-step")
-    return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

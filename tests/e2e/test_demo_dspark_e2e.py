@@ -11,9 +11,8 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_demo_accuracy import MODES, load_heldout, request_body
+from bench.bench_demo_accuracy import MODES, load_heldout, request_body, spec_counters
 from tests.e2e.conftest import RunningStack, launch_stack
 
 pytestmark = pytest.mark.slow
@@ -42,22 +41,13 @@ def answers(stack: RunningStack, mode: str) -> list[tuple[Any, ...]]:
               for t in c["message"].get("tool_calls") or []]) for c in choices]
 
 
-def per_position(stack: RunningStack, name: str) -> list[float]:
-    text = httpx.get(f"{stack.base_url}/metrics", trust_env=False, timeout=30).text
-    counts = {int(s.labels["position"]): s.value for family in text_string_to_metric_families(text)
-              for s in family.samples if s.name == name}
-    return [counts[position] for position in sorted(counts)]
-
-
 def test_the_trained_draft_is_accepted_and_changes_no_token(demo_stack, demo_dspark_stack) -> None:
     for mode in MODES:
         reference = answers(demo_stack, mode)
         assert any(calls for _, _, calls in reference), reference
         assert answers(demo_dspark_stack, mode) == reference
-    accepted = per_position(demo_dspark_stack,
-                            "dsv4serve:spec_decode_num_accepted_tokens_per_pos_total")
-    proposed = per_position(demo_dspark_stack,
-                            "dsv4serve:spec_decode_num_accepted_proposals_per_pos_total")
+    counts = spec_counters(demo_dspark_stack.base_url)
+    accepted, proposed = counts.accepted, counts.proposed
     assert accepted[0] > 0
     # With strict tools the grammar forces the call's structure; the trained draft proposes
     # much of it, which vLLM's count of accepted proposals includes and the drafted count not.
