@@ -7,6 +7,7 @@
     dsv4serve train-demo OUT_DIR [args]   train the demo model (the default model's recipe)
     dsv4serve train-demo-draft OUT_DIR [args]   train the demo's DSpark draft on the demo target
     dsv4serve average-demo OUT_DIR RUN_DIR...   the demo model averaged over train-demo runs
+    dsv4serve tune-demo-mtp OUT_DIR [args]   train the demo target's MTP block for chained drafts
     dsv4serve check [--url URL]      the post-upgrade check: health, one constrained tool call, one chat
     dsv4serve probe grpc ADDR | probe http URL   exit 0 when ready (container health checks)
 
@@ -112,6 +113,12 @@ def run_average_demo(argv: Sequence[str]) -> int:
     from services.demo import average_cli
 
     return average_cli.main(list(argv))
+
+
+def run_tune_demo_mtp(argv: Sequence[str]) -> int:
+    from services.demo import mtp_cli
+
+    return mtp_cli.main(list(argv))
 
 
 # ---- probe: readiness for container health checks ----
@@ -262,6 +269,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "train-demo": run_train_demo,
     "train-demo-draft": run_train_demo_draft,
     "average-demo": run_average_demo,
+    "tune-demo-mtp": run_tune_demo_mtp,
     "check": run_check,
     "probe": run_probe,
 }

@@ -140,3 +140,84 @@ def _batch(cache: PagedKvCache, rows: list[tuple[int, list[int], int, list[int]]
                cache.same_table_for_every_group(table))
               for seq_id, ids, start, table in rows for offset in range(0, len(ids), CHUNK_TOKENS)]
     return build_batch(chunks, "cpu")
+
+
+@dataclass(frozen=True)
+class MtpChain:
+    """What `run_mtp_chain` computed for every sequence."""
+
+    start_pos: int                 # position of hidden[k][0]
+    hidden: list[torch.Tensor]     # per sequence: the target's last-layer streams (no gradient)
+    first: list[list[int]]         # per depth, per sequence: position of the depth's first row
+    streams: list[list[torch.Tensor]]   # per depth, per sequence: the MTP block's output streams
+
+
+def run_mtp_chain(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
+                  draft_from: list[int], depth: int) -> MtpChain:
+    """The MTP block chained on its own streams as `MtpDrafter` drafts with, every depth over every
+    position at once. Depth 1 at position p reads the target's streams at p and the id at p+1;
+    depth d reads depth d-1's output at p-1 (detached) and the id at p+1, for p from
+    draft_from[k] + d - 1 (the chain that starts at q reaches depth d at q + d - 1). Both predict
+    the id at p+2.
+
+    The target runs without gradient and writes the MTP block's rows of every position from its
+    own streams, as the drafter observes committed positions; each depth then rewrites the rows
+    of the positions it computes. So a chained row attends to rows of the target's streams over
+    the prompt, as in serving, and to rows of its own depth over the completion before it (in
+    serving: the target's streams up to the chain's start) — the one approximation that lets
+    every chain train in one pass per depth.
+    """
+    cfg = model.config
+    shared = shared_length(len(prefix))
+    tables = _block_tables(shared, [len(s) for s in sequences])
+    layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
+    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
+                         1 + max(max(t) for t in tables), torch.float32, "cpu")
+    with torch.no_grad():
+        _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, True)
+        rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]
+        main, _, _ = _forward(rows, model, cache, True)
+    hidden = [torch.cat(main[k + 1]) for k in range(len(sequences))]
+    firsts: list[list[int]] = []
+    streams: list[list[torch.Tensor]] = []
+    for d in range(depth):
+        first = [start + d for start in draft_from]
+        inputs = [hidden[k][a - shared:len(s) - 2 - shared] if d == 0 else
+                  streams[-1][k][:len(s) - 2 - a].detach()
+                  for k, (s, a) in enumerate(zip(sequences, first))]
+        segments = [(k + 1, s[a + 1:len(s) - 1], a, tables[k])
+                    for k, (s, a) in enumerate(zip(sequences, first))]
+        streams.append(_mtp_depth(model, cache, segments, inputs))
+        firsts.append(first)
+    return MtpChain(shared, hidden, firsts, streams)
+
+
+def _mtp_depth(model: DeepseekV4, cache: PagedKvCache,
+               segments: list[tuple[int, list[int], int, list[int]]],
+               inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One depth of the chain: per segment (seq_id, next ids, first position, table) and its input
+    streams, the MTP block's output streams, in forward calls of at most CALL_TOKENS rows."""
+    out = [inputs[k][:0] for k in range(len(segments))]
+    for call in _calls([len(ids) for _, ids, _, _ in segments]):
+        batch = _batch(cache, [segments[k] for k in call])
+        result = model.mtp_forward(torch.cat([inputs[k] for k in call]), batch.token_ids, batch,
+                                   cache)
+        for k, rows in zip(call, result.split([len(segments[k][1]) for k in call])):
+            out[k] = rows
+    return out
+
+
+def _calls(sizes: list[int]) -> list[list[int]]:
+    """Indices of the non-empty sizes, in order, grouped into calls of at most CALL_TOKENS rows
+    (a larger one alone)."""
+    calls: list[list[int]] = [[]]
+    total = 0
+    for k, size in enumerate(sizes):
+        if size == 0:
+            continue
+        if calls[-1] and total + size > CALL_TOKENS:
+            calls.append([])
+            total = 0
+        calls[-1].append(k)
+        total += size
+    return [call for call in calls if call]

@@ -14,7 +14,7 @@ import resource
 import shutil
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from safetensors.torch import load_file
@@ -23,6 +23,9 @@ from tqdm import tqdm
 from services.demo.draft import DraftSettings, DraftTrainer
 from services.demo.draft_export import DRAFT_FILE
 from services.demo.export import COMPACT_DIR
+
+if TYPE_CHECKING:
+    from services.demo.mtp_tune import MtpTuner
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -72,23 +75,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc1=f"{record['accepted_1']:.2f}")
             if trainer.step_index % args.save_every == 0 or trainer.step_index == last:
-                _checkpoint(trainer, args.out_dir)
+                checkpoint(trainer, args.out_dir)
     draft = trainer.export(args.out_dir)
     if args.install:
         shutil.copyfile(draft, COMPACT_DIR / DRAFT_FILE)
     report = {"steps": trainer.step_index, "wall_s_this_run": round(time.monotonic() - started),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-              "last_25_steps": _means(trainer.history[-25:])}
+              "last_25_steps": acceptance_means(trainer.history[-25:])}
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _checkpoint(trainer: DraftTrainer, out_dir: Path) -> None:
+def checkpoint(trainer: Union[DraftTrainer, "MtpTuner"], out_dir: Path) -> None:
+    """Save the trainer's state and rewrite `metrics.jsonl` from its history."""
     trainer.save()
     with (out_dir / "metrics.jsonl").open("w", encoding="utf-8") as out:
         out.writelines(json.dumps(record) + "\n" for record in trainer.history)
 
 
-def _means(records: list[dict]) -> dict[str, float]:
+def acceptance_means(records: list[dict]) -> dict[str, float]:
     keys = [k for k in records[0] if k == "loss" or k.startswith("accepted_")] if records else []
     return {k: round(sum(r.get(k, 0.0) for r in records) / len(records), 4) for k in keys}
