@@ -48,7 +48,6 @@ def test_a_chain_counts_as_accepted_up_to_its_first_wrong_proposal() -> None:
 
 def test_tuning_changes_the_mtp_block_and_exports_the_target_otherwise_byte_for_byte(
         tmp_path: Path) -> None:
-    torch.set_num_threads(2)
     tuner = MtpTuner(tmp_path / "tune", MtpTuneSettings(steps=2, warmup_steps=1, depth=2),
                      export.COMPACT_DIR)
     record = tuner.train_step()
