@@ -37,6 +37,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--stream-from", type=int, default=defaults.stream_from,
                         help="the target stream's index of step 1")
+    parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
+                        help="start from the MTP block of this compact checkpoint (e.g. one tuned "
+                             "on an earlier target) instead of the target's; ignored when "
+                             "OUT_DIR holds a saved state, which resumes")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--install", action="store_true",
@@ -50,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     settings = MtpTuneSettings(seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
                                depth=args.depth, stream_from=args.stream_from)
-    tuner = MtpTuner(args.out_dir, settings, args.target)
+    tuner = MtpTuner(args.out_dir, settings, args.target, args.warm_start)
     with tqdm(total=settings.steps, initial=tuner.step_index, unit="step") as bar:
         while tuner.step_index < settings.steps:
             record = tuner.train_step()

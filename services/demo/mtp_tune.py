@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from services.demo import adapter, export
 from services.demo.draft import STREAM_FROM, target_trainer
 from services.demo.params import stored_tensors
 from services.demo.schedule import warmup_cosine
+from services.demo.warm_start import copy_dequantized
 from services.worker.model.transformer import DeepseekV4
 
 STATE_FILE = "mtp_state.pt"
@@ -49,7 +51,10 @@ class MtpTuneSettings:
 class MtpTuner:
     """Resumable: the MTP block's weights, optimizer and history live in `OUT_DIR/mtp_state.pt`."""
 
-    def __init__(self, out_dir: Path, settings: MtpTuneSettings, target_dir: Path):
+    def __init__(self, out_dir: Path, settings: MtpTuneSettings, target_dir: Path,
+                 warm_block: Optional[Path] = None):
+        """`warm_block`: a compact checkpoint whose MTP block to start from (one tuned on an
+        earlier target) instead of the target's own."""
         self.out_dir = out_dir
         self.settings = settings
         self.target_dir = target_dir
@@ -58,6 +63,10 @@ class MtpTuner:
         params.requires_grad_(False)
         self.names = [name for name in params.names if name.startswith(MTP_PREFIX)]
         self.tuned = [p for name, p in zip(params.names, params.body) if name in self.names]
+        if warm_block is not None:
+            stored = load_file(str(warm_block / "body.safetensors"))
+            with torch.no_grad():
+                copy_dequantized(dict(zip(self.names, self.tuned)), stored, self.target.specs)
         for p in self.tuned:
             p.requires_grad_(True)
         self.optimizer = torch.optim.AdamW(self.tuned, lr=settings.learning_rate,

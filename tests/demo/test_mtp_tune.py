@@ -1,5 +1,6 @@
 """Chained MTP tuning: the chain it trains is the chain `MtpDrafter` drafts with, its acceptance
-count is greedy verification's, and its export changes the target's MTP block and nothing else."""
+count is greedy verification's, and its export changes the target's MTP block and nothing else
+(a later tuning can start from that block)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 
 from services.demo import adapter, export
 from services.demo.mtp_tune import MtpTuner, MtpTuneSettings, chain_acceptance
+from services.demo.warm_start import dequantized
 from services.worker.model.mtp_drafter import MtpDrafter
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
 
@@ -64,3 +66,8 @@ def test_tuning_changes_the_mtp_block_and_exports_the_target_otherwise_byte_for_
     training = json.loads((compact / export.TRAINING_FILE).read_text())
     assert training["mtp_tuned"]["steps"] == 1
     assert export.read_training(compact) == export.read_training(export.COMPACT_DIR)
+
+    # A tuning on another target can start from this block.
+    warm = MtpTuner(tmp_path / "warm", MtpTuneSettings(steps=2), export.COMPACT_DIR, compact)
+    for name, master in zip(warm.names, warm.tuned):
+        assert torch.equal(master, dequantized(name, tuned, warm.target.specs)), name
