@@ -12,7 +12,8 @@ accepts a proposal that equals the target's token. The stream is the target's ow
 stream far past its training (as the DSpark draft's, draft.py), its first scene of each step
 (calls, answers and chat), chains starting at every completion position. Quantization-aware as
 the target was. The export is the target's compact checkpoint with only the `mtp.` tensors
-replaced; `training.json` records the tuning beside the target's own settings.
+replaced; `training.json` lists the block's tunings (`mtp_tuned`, oldest first) beside the
+target's own settings.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class MtpTuner:
         self.out_dir = out_dir
         self.settings = settings
         self.target_dir = target_dir
+        self.warm_block = warm_block
         self.target = target_trainer(out_dir / "target", target_dir)
         params = self.target.params
         params.requires_grad_(False)
@@ -128,7 +130,8 @@ class MtpTuner:
             raise AssertionError("the tuned block holds tensors the target does not")
         save_file({**body, **tuned}, str(compact / "body.safetensors"), metadata={"format": "pt"})
         record = json.loads((compact / export.TRAINING_FILE).read_text(encoding="utf-8"))
-        record["mtp_tuned"] = {"steps": self.step_index, "settings": asdict(self.settings)}
+        record["mtp_tuned"] = tunings(self.warm_block or self.target_dir) + [
+            {"steps": self.step_index, "settings": asdict(self.settings)}]
         (compact / export.TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n",
                                                     encoding="utf-8")
         return compact
@@ -154,6 +157,12 @@ class MtpTuner:
                 p.copy_(saved["tuned"][name])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.step_index, self.history = saved["step"], saved["history"]
+
+
+def tunings(compact_dir: Path) -> list[dict]:
+    """The tunings a compact checkpoint's MTP block went through, oldest first."""
+    record = json.loads((compact_dir / export.TRAINING_FILE).read_text(encoding="utf-8"))
+    return record.get("mtp_tuned", [])
 
 
 def chain_acceptance(right: list[list[torch.Tensor]]) -> dict[str, float]:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from services.demo import adapter, export
-from services.demo.mtp_tune import MtpTuner, MtpTuneSettings, chain_acceptance
+from services.demo.mtp_tune import MtpTuner, MtpTuneSettings, chain_acceptance, tunings
 from services.demo.warm_start import dequantized
 from services.worker.model.mtp_drafter import MtpDrafter
 from services.worker.model.runtime import ModelRuntime, RuntimeConfig, SequenceChunk
@@ -64,7 +64,8 @@ def test_tuning_changes_the_mtp_block_and_exports_the_target_otherwise_byte_for_
     assert (compact / "vocab.safetensors").read_bytes() == (
         export.COMPACT_DIR / "vocab.safetensors").read_bytes()
     training = json.loads((compact / export.TRAINING_FILE).read_text())
-    assert training["mtp_tuned"]["steps"] == 1
+    assert training["mtp_tuned"][-1]["steps"] == 1
+    assert training["mtp_tuned"][:-1] == tunings(export.COMPACT_DIR)
     assert export.read_training(compact) == export.read_training(export.COMPACT_DIR)
 
     # A tuning on another target can start from this block.
