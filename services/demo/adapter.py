@@ -54,12 +54,7 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
     prefix through the caches, and skipping the prefix's backward saves about a quarter of a step.
     """
     cfg = model.config
-    shared = shared_length(len(prefix))
-    tables = _block_tables(shared, [len(s) for s in sequences])
-    layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
-    n_blocks = 1 + max(max(t) for t in tables)
-    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
-                         n_blocks, torch.float32, "cpu")
+    shared, tables, cache = _scene_cache(model, len(prefix), sequences)
     with torch.no_grad():
         _, _, prefix_taps = _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache,
                                      with_mtp, tap_layer_ids)
@@ -70,6 +65,19 @@ def run_scene(model: DeepseekV4, prefix: list[int], sequences: list[list[int]],
                        [torch.cat(mtp[k + 1]) if with_mtp else None for k in count],
                        [torch.cat(prefix_taps[0] + taps[k + 1]) for k in count]
                        if tap_layer_ids else None)
+
+
+def _scene_cache(model: DeepseekV4, prefix_len: int, sequences: list[list[int]]
+                 ) -> tuple[int, list[list[int]], PagedKvCache]:
+    """The shared length, every sequence's block table, and a cache of every layer (the MTP
+    block's included) holding all of their blocks."""
+    cfg = model.config
+    shared = shared_length(prefix_len)
+    tables = _block_tables(shared, [len(s) for s in sequences])
+    layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
+    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
+                         1 + max(max(t) for t in tables), torch.float32, "cpu")
+    return shared, tables, cache
 
 
 Row = tuple[int, list[int], int, list[int]]   # seq_id, ids, first position to compute, block table
@@ -168,11 +176,7 @@ def run_mtp_chain(model: DeepseekV4, prefix: list[int], sequences: list[list[int
     every chain train in one pass per depth.
     """
     cfg = model.config
-    shared = shared_length(len(prefix))
-    tables = _block_tables(shared, [len(s) for s in sequences])
-    layers = {i: cfg.layer_ratio(i) for i in range(cfg.num_layers_total)}
-    cache = PagedKvCache(layers, cfg.head_dim, cfg.index_head_dim, cfg.sliding_window, BLOCK_SIZE,
-                         1 + max(max(t) for t in tables), torch.float32, "cpu")
+    shared, tables, cache = _scene_cache(model, len(prefix), sequences)
     with torch.no_grad():
         _forward([(0, prefix[:shared + 1], 0, tables[0])], model, cache, True)
         rows = [(k + 1, s + [cfg.eos_token_id], shared, tables[k]) for k, s in enumerate(sequences)]

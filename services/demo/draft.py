@@ -25,7 +25,6 @@ trained further needs its draft distilled again, and the earlier one is most of 
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,6 +41,7 @@ from services.demo.params import (fake_quantize_grouped, initial_value, logical_
                                  model_tensors)
 from services.demo.export import read_training
 from services.demo.schedule import warmup_cosine
+from services.demo.state_file import read_state, write_state
 from services.demo.trainer import Trainer, WarmStart
 from services.demo.vocab import RowMap
 from services.demo.warm_start import copy_dequantized
@@ -244,18 +244,12 @@ class DraftTrainer:
         state = {"params": self.params.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "step": self.step_index, "history": self.history,
                  "settings": asdict(self.settings)}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        staging = self.out_dir / (STATE_FILE + ".tmp")
-        torch.save(state, staging)
-        os.replace(staging, self.out_dir / STATE_FILE)
+        write_state(self.out_dir / STATE_FILE, state)
 
     def _load(self) -> None:
-        path = self.out_dir / STATE_FILE
-        if not path.is_file():
+        saved = read_state(self.out_dir / STATE_FILE, asdict(self.settings))
+        if saved is None:
             return
-        saved = torch.load(path, weights_only=False)
-        if saved["settings"] != asdict(self.settings):
-            raise ValueError(f"{path} was written with other settings: {saved['settings']}")
         self.params.load_state_dict(saved["params"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.step_index, self.history = saved["step"], saved["history"]

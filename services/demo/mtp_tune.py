@@ -18,7 +18,6 @@ target's own settings.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from services.demo import adapter, export
 from services.demo.draft import STREAM_FROM, target_trainer
 from services.demo.params import stored_tensors
 from services.demo.schedule import warmup_cosine
+from services.demo.state_file import read_state, write_state
 from services.demo.warm_start import copy_dequantized
 from services.worker.model.transformer import DeepseekV4
 
@@ -140,18 +140,12 @@ class MtpTuner:
         state = {"tuned": {name: p.detach() for name, p in zip(self.names, self.tuned)},
                  "optimizer": self.optimizer.state_dict(), "step": self.step_index,
                  "history": self.history, "settings": asdict(self.settings)}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        staging = self.out_dir / (STATE_FILE + ".tmp")
-        torch.save(state, staging)
-        os.replace(staging, self.out_dir / STATE_FILE)
+        write_state(self.out_dir / STATE_FILE, state)
 
     def _load(self) -> None:
-        path = self.out_dir / STATE_FILE
-        if not path.is_file():
+        saved = read_state(self.out_dir / STATE_FILE, asdict(self.settings))
+        if saved is None:
             return
-        saved = torch.load(path, weights_only=False)
-        if saved["settings"] != asdict(self.settings):
-            raise ValueError(f"{path} was written with other settings: {saved['settings']}")
         with torch.no_grad():
             for name, p in zip(self.names, self.tuned):
                 p.copy_(saved["tuned"][name])

@@ -6,7 +6,6 @@ stream and schedule.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,7 @@ from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.random_drills import RandomDrills
 from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
+from services.demo.state_file import write_state
 from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary, scan_training,
                                  tie_structure)
 from services.demo.warm_start import load_compact
@@ -181,10 +181,7 @@ class Trainer:
                  "vocab_ids": self.vocab.ids.tolist(), "training_values": self.training_values,
                  "hash_table": self.hash_table,
                  "settings": asdict(self.settings), "averaged_from": self.averaged_from}
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        staging = self.out_dir / (STATE_FILE + ".tmp")
-        torch.save(state, staging)
-        os.replace(staging, self.out_dir / STATE_FILE)
+        write_state(self.out_dir / STATE_FILE, state)
 
     def _load(self) -> Optional[dict]:
         path = self.out_dir / STATE_FILE
