@@ -78,7 +78,7 @@ class DialogGenerator:
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
                  accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
                  long_values: bool = False, composed_share: float = 0.0,
-                 composed_wide: bool = False):
+                 composed_wide: bool = False, path_parts: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
@@ -86,7 +86,8 @@ class DialogGenerator:
         a conversational frame (phrasing.py); `long_values` (with `fresh`) draws free-text values
         of more words (`fresh_values.LONG_MAKERS`); `composed_share` of the call requests use a
         composed template (composed.py: training only), from the wider parts with
-        `composed_wide` (composed_wide.py)."""
+        `composed_wide` (composed_wide.py); `path_parts` (with `fresh`) builds paths from the
+        training lists' directory names and file stems too (`fresh_values.with_path_parts`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         if composed_share and held_out:
@@ -95,10 +96,12 @@ class DialogGenerator:
         self.held_out = held_out
         self.thinking_share = thinking_share
         self.strings = strings
-        if long_values and not fresh:
-            raise ValueError("long values are fresh values")
+        if (long_values or path_parts) and not fresh:
+            raise ValueError("long values and path parts are fresh values")
         self.makers = (fresh_values.LONG_MAKERS if long_values else
                        fresh_values.MAKERS if fresh else values.MAKERS)
+        if path_parts:
+            self.makers = fresh_values.with_path_parts(self.makers)
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames

@@ -11,7 +11,9 @@ makers serve training; the trainer keeps held-out values out of its examples).
 from __future__ import annotations
 
 import random
+import re
 import string
+from functools import cache, partial
 from typing import Callable
 
 from services.demo import values
@@ -50,36 +52,53 @@ def sentence(rng: random.Random, held_out: bool = False) -> str:
     return words(rng, False, 3, 5)
 
 
-def _component(rng: random.Random) -> str:
+# With path parts, a share of path components are the training lists' own directory names and
+# file stems ("log", "backup", "data", "alice") in new combinations. Without them a listed name
+# only ever came whole ("/srv", "/data"), so the step-3900 model cut held-out paths short where a
+# listed value ends ("/srv" for /srv/data) and never copied a slash-merged token ("/data", "/c")
+# after another component.
+PATH_PART_SHARE = 0.4
+
+
+@cache
+def path_parts() -> list[str]:
+    """The components of the training split's directories, and its file stems."""
+    dirs = {part for entry in pool("dir", False) for part in re.split(r"[/~.]+", entry) if part}
+    return sorted(dirs | set(pool("stem", False)))
+
+
+def _component(rng: random.Random, parts: bool = False) -> str:
+    if parts and rng.random() < PATH_PART_SHARE:
+        return rng.choice(path_parts())
     return rng.choice(pool("word", False)) if rng.random() < 0.5 else lower_name(rng)
 
 
-def directory(rng: random.Random, held_out: bool = False) -> str:
+def directory(rng: random.Random, held_out: bool = False, parts: bool = False) -> str:
     root = rng.choice(("/", "/", "~/", "./", "/home/", "/srv/", "/var/"))
-    return root + "/".join(_component(rng) for _ in range(rng.randint(1, 3)))
+    return root + "/".join(_component(rng, parts) for _ in range(rng.randint(1, 3)))
 
 
-def file_name(rng: random.Random, held_out: bool = False) -> str:
-    stem = "_".join(_component(rng) for _ in range(rng.randint(1, 2)))
+def file_name(rng: random.Random, held_out: bool = False, parts: bool = False) -> str:
+    stem = "_".join(_component(rng, parts) for _ in range(rng.randint(1, 2)))
     return stem + rng.choice(pool("ext", False))
 
 
-def path(rng: random.Random, held_out: bool = False) -> str:
-    return f"{directory(rng)}/{file_name(rng)}"
+def path(rng: random.Random, held_out: bool = False, parts: bool = False) -> str:
+    return f"{directory(rng, parts=parts)}/{file_name(rng, parts=parts)}"
 
 
 def email(rng: random.Random, held_out: bool = False) -> str:
     return f"{lower_name(rng)}@{rng.choice(values.DOMAINS)}"
 
 
-def command(rng: random.Random, held_out: bool = False) -> str:
+def command(rng: random.Random, held_out: bool = False, parts: bool = False) -> str:
     shapes = (lambda: rng.choice(pool("command", False)),
-              lambda: f"cat {path(rng)}",
-              lambda: f"grep -n {_component(rng)} {path(rng)}",
-              lambda: f"mkdir -p {directory(rng)}",
-              lambda: f"ls -la {directory(rng)}",
-              lambda: f"tail -n {rng.randint(5, 200)} {path(rng)}",
-              lambda: f"{_component(rng)} --{_component(rng)}")
+              lambda: f"cat {path(rng, parts=parts)}",
+              lambda: f"grep -n {_component(rng, parts)} {path(rng, parts=parts)}",
+              lambda: f"mkdir -p {directory(rng, parts=parts)}",
+              lambda: f"ls -la {directory(rng, parts=parts)}",
+              lambda: f"tail -n {rng.randint(5, 200)} {path(rng, parts=parts)}",
+              lambda: f"{_component(rng, parts)} --{_component(rng, parts)}")
     return rng.choice(shapes)()
 
 
@@ -130,3 +149,12 @@ def long_sentence(rng: random.Random, held_out: bool = False) -> str:
 
 LONG_MAKERS: dict[str, Maker] = {**MAKERS, "words": long_words, "title": long_title,
                                  "sentence": long_sentence}
+
+# The makers that build paths, with path parts (`with_path_parts`).
+PATH_PART_MAKERS: dict[str, Maker] = {kind: partial(maker, parts=True) for kind, maker in
+                                      (("directory", directory), ("file_name", file_name),
+                                       ("path", path), ("command", command))}
+
+
+def with_path_parts(makers: dict[str, Maker]) -> dict[str, Maker]:
+    return {**makers, **PATH_PART_MAKERS}

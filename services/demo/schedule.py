@@ -9,7 +9,8 @@ FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fre
 # Settings a state saved by an older trainer lacks, with the values it ran under.
 LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
                    "fresh_steps": 0, "fresh_long_values": False,
-                   "fresh_composed": 0.0, "fresh_composed_wide": False}
+                   "fresh_composed": 0.0, "fresh_composed_wide": False,
+                   "fresh_path_parts": False, "fresh_unknown_words": 0.0}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class TrainSettings:
     # With `fresh_composed_wide`, composed templates draw from the wider parts too
     # (composed_wide.py), whose words also join the vocabulary.
     fresh_composed_wide: bool = False
+    # With `fresh_path_parts`, paths are built from the training lists' directory names and file
+    # stems too (fresh_values.with_path_parts).
+    fresh_path_parts: bool = False
+    # That share of the call examples gets 1–2 words outside the trained vocabulary in its
+    # request (unknown_words.py).
+    fresh_unknown_words: float = 0.0
     fresh_learning_rate: float = 1e-3
     fresh_warmup_steps: int = 20
 
@@ -139,7 +146,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
                         "fresh_frames", "fresh_long_values", "fresh_composed",
-                        "fresh_composed_wide")}
+                        "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -60,6 +60,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="composed templates also draw from the wider parts (numbers said "
                              "before their noun, more phrasings of enum and boolean values); "
                              "adds their words to the vocabulary")
+    parser.add_argument("--fresh-path-parts", action="store_true",
+                        help="fresh paths are also built from the training lists' directory "
+                             "names and file stems (\"/srv/log\", \"~/backup/notes\")")
+    parser.add_argument("--fresh-unknown-words", type=float, default=0.0, metavar="SHARE",
+                        help="that share of the fresh phase's call requests gets 1-2 words "
+                             "outside the trained vocabulary, the call unchanged")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
@@ -96,20 +102,23 @@ def add_evaluation_args(parser: argparse.ArgumentParser) -> None:
                         help=f"copy the result into {export.COMPACT_DIR} (the default model)")
 
 
+def train_settings(args: argparse.Namespace) -> TrainSettings:
+    """The recipe the command line asks for."""
+    return TrainSettings(
+        seed=args.seed, steps=args.steps, examples_per_scene=args.examples_per_scene,
+        copy_steps=args.copy_steps, copy_cosine_steps=args.copy_cosine_steps,
+        induction_steps=args.induction_steps, span_steps=args.span_steps,
+        fresh_steps=args.fresh_steps, fresh_learning_rate=args.fresh_learning_rate,
+        fresh_frames=args.fresh_frames, fresh_long_values=args.fresh_long_values,
+        fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
+        fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args([] if argv is None else argv)
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    settings = TrainSettings(seed=args.seed, steps=args.steps, copy_steps=args.copy_steps,
-                             copy_cosine_steps=args.copy_cosine_steps,
-                             induction_steps=args.induction_steps, span_steps=args.span_steps,
-                             fresh_steps=args.fresh_steps,
-                             fresh_learning_rate=args.fresh_learning_rate,
-                             fresh_frames=args.fresh_frames,
-                             fresh_long_values=args.fresh_long_values,
-                             fresh_composed=args.fresh_composed,
-                             fresh_composed_wide=args.fresh_composed_wide,
-                             examples_per_scene=args.examples_per_scene)
+    settings = train_settings(args)
     warm_start = WarmStart(args.warm_start, args.warm_start_step) if args.warm_start else None
     trainer = Trainer(args.out_dir, settings, warm_start)
     evalsets = copy_evalsets(trainer, args.eval_count)

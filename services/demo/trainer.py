@@ -22,6 +22,7 @@ from services.demo.params import DemoParameters, hash_routing_table, model_tenso
 from services.demo.random_drills import RandomDrills
 from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.state_file import write_state
+from services.demo.unknown_words import UnknownWords
 from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary, scan_training,
                                  tie_structure)
 from services.demo.warm_start import load_compact
@@ -79,7 +80,11 @@ class Trainer:
                                                frames=settings.fresh_frames,
                                                long_values=settings.fresh_long_values,
                                                composed_share=settings.fresh_composed,
-                                               composed_wide=settings.fresh_composed_wide)
+                                               composed_wide=settings.fresh_composed_wide,
+                                               path_parts=settings.fresh_path_parts)
+        self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
+                                           settings.fresh_unknown_words)
+                              if settings.fresh_unknown_words else None)
         if saved:
             self.params.load_state_dict(saved["params"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -99,11 +104,15 @@ class Trainer:
         index = self.step_index
         for group in self.optimizer.param_groups:
             group["lr"] = self.settings.learning_rate_at(index)
-        rows = self.vocab.rows()
+        scenes = self.training_scenes(index)
+        if self.unknown_words and self.settings.phase(index) == FRESH:
+            scenes = self.unknown_words.scenes(scenes, index)
+        rows = self.vocab.rows(self.vocab.outside(
+            [t for scene in scenes for e in scene.examples for t in e.prompt_ids]))
         model = self.model(rows=rows)
         key_weight = self.settings.key_weight if self.settings.phase(index) != FIRST else None
         scores = [self.score(model, rows, scene, with_mtp=True, key_weight=key_weight)
-                  for scene in self.training_scenes(index)]
+                  for scene in scenes]
         weights = [s.num_targets for s in scores]
         loss = sum(s.loss * w for s, w in zip(scores, weights)) / sum(weights)
         mtp_loss = sum(s.mtp_loss * w for s, w in zip(scores, weights)) / sum(weights)

@@ -38,6 +38,10 @@ class TrainedVocab:
     def covers(self, token_ids: list[int]) -> bool:
         return set(token_ids) <= self._members()
 
+    def outside(self, token_ids: list[int]) -> list[int]:
+        """The distinct ids of `token_ids` without a trained row, ascending."""
+        return sorted(set(token_ids) - self._members())
+
     def _members(self) -> frozenset[int]:
         return frozenset(self.ids.tolist())
 

@@ -8,7 +8,7 @@ import random
 import jsonschema
 import pytest
 
-from services.demo import lists, phrasing, values
+from services.demo import fresh_values, lists, phrasing, values
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import SceneEncoder
 from services.demo.evaluate import heldout_scenes
@@ -179,3 +179,22 @@ def test_long_values_hold_more_words_and_still_end_after_one_now_and_then() -> N
     assert sum(long_counts) / 700 > 2.5 > 2.1 > sum(plain_counts) / 700
     with pytest.raises(ValueError):
         DialogGenerator(1, False, long_values=True)
+
+
+def test_path_parts_put_listed_names_inside_fresh_paths() -> None:
+    """With path parts, the training lists' directory names and file stems turn up after
+    another component ("/srv/log"), where a listed path only ever came whole; without them the
+    fresh makers are the plain ones."""
+    def directories(generator: DialogGenerator) -> list[list[str]]:
+        rng = random.Random(9)
+        return [generator.makers["directory"](rng, False).strip("~./").split("/")
+                for _ in range(300)]
+
+    parts = set(fresh_values.path_parts()) - set(lists.pool("word", False))
+    with_parts = directories(DialogGenerator(1, False, fresh=True, path_parts=True))
+    plain = directories(DialogGenerator(1, False, fresh=True))
+    assert sum(bool(set(d[1:]) & parts) for d in with_parts) > 40
+    assert sum(bool(set(d[1:]) & parts) for d in plain) <= 2   # an invented name now and then
+    assert {"data", "log", "config", "alice"} <= parts
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, path_parts=True)

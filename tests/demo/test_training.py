@@ -13,7 +13,7 @@ from services.demo import export
 from services.demo.architecture import demo_config_json
 from services.demo.params import model_tensors, stored_tensors
 from services.demo.objective import weighted_cross_entropy, scene_targets
-from services.demo.train_cli import main
+from services.demo.train_cli import main, parse_args, train_settings
 from services.demo.schedule import COPY, FIRST, FRESH, SPAN, continues
 from services.demo.trainer import STATE_FILE, Trainer, TrainSettings, WarmStart
 
@@ -183,3 +183,14 @@ def test_a_warm_start_with_composed_templates_keeps_the_stored_rows_and_adds_los
     assert bool((logits[:, added].max(dim=1).values <= logits[:, kept].max(dim=1).values).all())
 
 
+
+
+def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
+    args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts",
+                       "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5"])
+    settings = train_settings(args)
+    assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
+    assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
+    started = settings.steps + settings.copy_steps + 1
+    assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
+    assert not continues(asdict(settings), replace(settings, fresh_path_parts=False), started)
