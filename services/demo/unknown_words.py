@@ -20,9 +20,8 @@ import random
 
 from services.demo.encode import SPACE, EncodedExample, EncodedScene, SceneEncoder
 from services.demo.vocab import TrainedVocab
+from services.frontend.dsv4_tokens import ASSISTANT, USER
 
-USER_TOKEN = "<｜User｜>"
-ASSISTANT_TOKEN = "<｜Assistant｜>"
 MIN_WORD_CHARS = 3
 
 
@@ -33,8 +32,8 @@ class UnknownWords:
         self.share = share
         trained = set(vocab.ids.tolist())
         tokenizer = encoder.tokenizer
-        self.user_id = tokenizer.token_to_id(USER_TOKEN)
-        self.assistant_id = tokenizer.token_to_id(ASSISTANT_TOKEN)
+        self.user_id = tokenizer.token_to_id(USER)
+        self.assistant_id = tokenizer.token_to_id(ASSISTANT)
         self.pool = [i for i in range(tokenizer.get_vocab_size())
                      if i not in trained and _is_word(tokenizer.id_to_token(i))]
 
