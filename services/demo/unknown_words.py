@@ -30,12 +30,11 @@ class UnknownWords:
         self.encoder = encoder
         self.seed = seed
         self.share = share
-        trained = set(vocab.ids.tolist())
         tokenizer = encoder.tokenizer
         self.user_id = tokenizer.token_to_id(USER)
         self.assistant_id = tokenizer.token_to_id(ASSISTANT)
-        self.pool = [i for i in range(tokenizer.get_vocab_size())
-                     if i not in trained and _is_word(tokenizer.id_to_token(i))]
+        self.pool = [i for i in vocab.outside(list(range(tokenizer.get_vocab_size())))
+                     if _is_word(tokenizer.id_to_token(i))]
 
     def scenes(self, scenes: list[EncodedScene], index: int) -> list[EncodedScene]:
         """Step `index`'s scenes with unknown words in `share` of their call examples."""
