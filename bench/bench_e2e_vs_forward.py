@@ -18,7 +18,8 @@ medians over the rounds are printed with their range (min–max).
    requests with a strict tool and `tool_choice: "auto"` (the grammar runs every step while the
    model writes free text) against the same request without tools, and against the same request
    with `tool_choice: "none"` (the same prompt, tools shown, no grammar: the grammar's cost alone).
-Both sides use one intra-op thread (the worker's default on CPU). Default model: tiny-a.
+Both sides use one intra-op thread (the worker's default on CPU) and the same device and dtype
+(`--device cuda:0` starts the stack with `--backend cuda`). Default model: tiny-a.
 """
 from __future__ import annotations
 
@@ -153,6 +154,14 @@ def report(batch: int, forward: list[float], modes: dict[str, list[dict[str, flo
                   f"best {min(itl['constrained']) / min(itl[other]):.3f}")
 
 
+def stack_device_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The stack's worker on the bare forward's device and dtype (`cuda:N` → `--devices N`)."""
+    flags = ("--dtype", args.dtype)
+    if args.device.startswith("cuda"):
+        flags += ("--backend", "cuda", "--devices", args.device.partition(":")[2] or "0")
+    return flags
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: tiny-a)")
@@ -175,8 +184,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         measures: dict[str, Callable[[int], object]] = {"forward": lambda _: forward.measure()}
         for mode in modes:
             flag = "--async-scheduling" if mode == "on" else "--no-async-scheduling"
-            stack = stacks.enter_context(LocalStack(model_dir, ("--max-num-seqs",
-                                                                str(max(8, args.batch)), flag)))
+            stack = stacks.enter_context(LocalStack(model_dir, (
+                "--max-num-seqs", str(max(8, args.batch)), flag, *stack_device_flags(args))))
             warm_up(stack)
             measures[mode] = (lambda stack: lambda i: stack_figures(
                 stack, args.batch, args.prompt_len, args.steps, i))(stack)
