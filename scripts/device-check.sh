@@ -5,7 +5,8 @@
 #   echo /.whl/ >> .git/info/exclude; echo /.device/ >> .git/info/exclude
 #   ../shared/tools/device-wheels.sh                       # the packages its image lacks, as wheels
 #   mkdir -p .device && cp -r ../shared/conformance .device/
-# Then, on the device: carry [".whl", ".device"], command `scripts/device-check.sh`.
+# Then, on the device: carry [".whl", ".device"], command `scripts/device-check.sh`, timeout_s 600
+# (about 9 minutes on an H200 once the machine is up).
 #
 # Each check runs under its own time limit and the script goes on after a failure; the whole log is
 # $OUT/device-check.log and the stacks' logs $OUT/stack-*.log. The checks, on cuda:0, most telling
@@ -78,7 +79,7 @@ main() {
   stop_stack
   for batch in 8 32; do
     check "e2e-vs-forward-batch-$batch" 240 $PY bench/bench_e2e_vs_forward.py --device "$DEVICE" \
-      --dtype "$DTYPE" --batch "$batch" --rounds 3 --async-scheduling on
+      --dtype "$DTYPE" --batch "$batch" --rounds 2 --async-scheduling on
   done
   check conformance-float32 180 $PY -m bench.bench_conformance --conformance "$CONFORMANCE" \
     --device "$DEVICE" --dtype float32
