@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -67,18 +67,19 @@ class ForwardDecode:
                         for i in range(batch)]
         self.steps, self.device = steps, device
 
-    def measure(self) -> float:
-        """Decode tok/s of one round."""
+    def measure(self, around: ContextManager = contextlib.nullcontext()) -> float:
+        """Decode tok/s of one round; the timed steps run inside `around` (e.g. a profiler)."""
         last = self.runtime.step([SequenceChunk(i, 0, prompt, self.tables[i], sample=True)
                                   for i, prompt in enumerate(self.prompts)]).sampled
         position = len(self.prompts[0])
         last, position = self._decode_step(last, position), position + 1  # warm-up
         self._synchronize()
-        started = time.perf_counter()
-        for _ in range(self.steps):
-            last, position = self._decode_step(last, position), position + 1
-        self._synchronize()
-        return len(self.prompts) * self.steps / (time.perf_counter() - started)
+        with around:
+            started = time.perf_counter()
+            for _ in range(self.steps):
+                last, position = self._decode_step(last, position), position + 1
+            self._synchronize()
+            return len(self.prompts) * self.steps / (time.perf_counter() - started)
 
     def _decode_step(self, last: list[Optional[int]], position: int) -> list[Optional[int]]:
         chunks = [SequenceChunk(i, position, [token], self.tables[i], sample=True)

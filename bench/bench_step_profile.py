@@ -3,77 +3,48 @@
     python -m bench.bench_step_profile [--model DIR] [--batch 8] [--steps 8]
                                        [--device cuda:0 --dtype bfloat16] [--top 25]
 
-`--batch` sequences are prefilled, one decode step warms up, then `--steps` decode steps run twice:
-under cProfile (the Python functions with the most cumulative time inside `services/`) and under
-torch.profiler (operators by self host time, and — on CUDA — the kernel launches and host↔device
-copies and synchronizations per step, which bound a small model's step on a GPU). Default model:
-tiny-a.
+Three rounds of `ForwardDecode.measure` (bench_e2e_vs_forward.py: `--batch` sequences prefilled, one
+warm-up decode step, `--steps` timed decode steps): unprofiled, then under cProfile (the Python
+functions with the most cumulative time inside `services/`), then under torch.profiler (operators
+by self host time, and — on CUDA — the kernel launches and host↔device copies and synchronizations
+per step, which bound a small model's step on a GPU). Default model: tiny-a.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import pstats
-import time
 from collections import Counter
 from pathlib import Path
-from typing import ContextManager, Optional
+from typing import Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.bench_e2e_vs_forward import ForwardDecode, default_model_dir
-from services.worker.model.runtime import SequenceChunk
 
 # Host-side CUDA runtime calls that mark a launch, a copy or a wait.
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
                  "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
-class DecodeLoop:
-    """`steps` decode steps of a prefilled batch, repeatable (each run prefills afresh)."""
-
-    def __init__(self, forward: ForwardDecode) -> None:
-        self.forward = forward
-
-    def run(self, steps: int, around: ContextManager = contextlib.nullcontext()) -> float:
-        """→ seconds for `steps` decode steps (after the prefill and a warm-up step), run inside
-        `around` (a profiler)."""
-        f = self.forward
-        last = f.runtime.step(self._prefill()).sampled
-        position = len(f.prompts[0])
-        last, position = f._decode_step(last, position), position + 1
-        f._synchronize()
-        with around:
-            started = time.perf_counter()
-            for _ in range(steps):
-                last, position = f._decode_step(last, position), position + 1
-            f._synchronize()
-            return time.perf_counter() - started
-
-    def _prefill(self) -> list[SequenceChunk]:
-        f = self.forward
-        return [SequenceChunk(i, 0, p, f.tables[i], sample=True) for i, p in enumerate(f.prompts)]
-
-
-def python_profile(loop: DecodeLoop, steps: int, top: int) -> None:
+def python_profile(forward: ForwardDecode, steps: int, top: int) -> None:
     profiler = cProfile.Profile()
-    loop.run(steps, profiler)
+    forward.measure(profiler)
     stats = pstats.Stats(profiler)
     rows = [(cum, calls, f"{Path(file).name}:{line} {name}")
             for (file, line, name), (_, calls, _, cum, _) in stats.stats.items()
             if "/services/" in file]
-    print(f"Python, cumulative seconds per decode step (cProfile, {steps} steps; profiler overhead "
+    print(f"Python, cumulative time per decode step (cProfile, {steps} steps; profiler overhead "
           "inflates small functions):")
     for cum, calls, where in sorted(rows, reverse=True)[:top]:
         print(f"  {cum / steps * 1e3:9.2f} ms  {calls / steps:8.1f} calls/step  {where}")
 
 
-def operator_profile(loop: DecodeLoop, steps: int, top: int, on_cuda: bool) -> None:
+def operator_profile(forward: ForwardDecode, steps: int, top: int, on_cuda: bool) -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     prof = profile(activities=activities)
-    loop.run(steps, prof)
+    forward.measure(prof)
     averages = prof.key_averages()
     print(f"\noperators by self host time per decode step (torch.profiler, {steps} steps):")
     for event in sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]:
@@ -99,13 +70,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     forward = ForwardDecode(args.model or default_model_dir(), args.batch, args.prompt_len,
-                            2 * args.steps + 2, getattr(torch, args.dtype), args.device)
-    loop = DecodeLoop(forward)
-    seconds = loop.run(args.steps)
+                            args.steps, getattr(torch, args.dtype), args.device)
+    tokens_per_s = forward.measure()
     print(f"device={args.device} dtype={args.dtype} batch={args.batch}: "
-          f"{seconds / args.steps * 1e3:.2f} ms per decode step unprofiled\n")
-    python_profile(loop, args.steps, args.top)
-    operator_profile(loop, args.steps, args.top, args.device.startswith("cuda"))
+          f"{args.batch / tokens_per_s * 1e3:.2f} ms per decode step unprofiled\n")
+    python_profile(forward, args.steps, args.top)
+    operator_profile(forward, args.steps, args.top, args.device.startswith("cuda"))
 
 
 if __name__ == "__main__":
