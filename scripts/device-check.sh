@@ -14,7 +14,8 @@
 #   1. the bfloat16 forward against the official code's bf16 golden (bench/bench_conformance.py);
 #   2. the default stack on `--backend cuda` (the demo model, bfloat16): `dsv4serve check` and the
 #      held-out tool-call accuracy (bench/bench_demo_accuracy.py);
-#   3. end-to-end decode against the bare forward at batch 8 and 32 (bench/bench_e2e_vs_forward.py);
+#   3. end-to-end decode against the bare forward at batch 8 and 32 (bench/bench_e2e_vs_forward.py),
+#      and where a batch-8 decode step's time goes (bench/bench_step_profile.py);
 #   4. the float32 forward against the fp32 golden; the bare forward's throughput and memory
 #      bandwidth (bench/bench_model.py); the demo stack with its MTP block drafting K = 7.
 set -u
@@ -81,6 +82,8 @@ main() {
     check "e2e-vs-forward-batch-$batch" 240 $PY bench/bench_e2e_vs_forward.py --device "$DEVICE" \
       --dtype "$DTYPE" --batch "$batch" --rounds 2 --async-scheduling on
   done
+  check step-profile 120 $PY -m bench.bench_step_profile --device "$DEVICE" --dtype "$DTYPE" \
+    --batch 8 --steps 8 --top 30
   check conformance-float32 180 $PY -m bench.bench_conformance --conformance "$CONFORMANCE" \
     --device "$DEVICE" --dtype float32
   check bench-model 180 $PY bench/bench_model.py --presets tiny-a bench-1024 --batches 1 8 32 \
