@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,34 +46,42 @@ def reference_runtime(model_dir: Path, dtype: torch.dtype = torch.float32,
                                       block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
 
 
-def run_prompt(runtime: ModelRuntime, seq_id: int, token_ids: list[int]
-               ) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-    """→ (prefill last logits, greedy tokens, MTP logits for prompt[1:] + [greedy[0]])."""
+@dataclass(frozen=True)
+class PromptRun:
+    """One golden prompt through the runtime, as the golden was made."""
+
+    logits: torch.Tensor      # the prefill's last-position logits
+    greedy: list[int]         # GREEDY_TOKENS greedy tokens (prefill, then single-token decodes)
+    mtp: torch.Tensor         # MTP logits for prompt[1:] + [greedy[0]]
+
+
+def run_prompt(runtime: ModelRuntime, seq_id: int, token_ids: list[int]) -> PromptRun:
     tables = runtime.cache.same_table_for_every_group(list(range(NUM_BLOCKS)))
     out = runtime.step([SequenceChunk(seq_id, 0, token_ids, tables, sample=True)],
                        return_logits=True, return_hidden=True)
-    prefill_logits, hidden = out.logits[0], out.hidden[0]
     tokens = [out.sampled[0]]
     for i in range(GREEDY_TOKENS - 1):
         pos = len(token_ids) + i
         step = runtime.step([SequenceChunk(seq_id, pos, [tokens[-1]], tables, sample=True)])
         tokens.append(step.sampled[0])
-    mtp = mtp_logits(runtime.model, hidden, token_ids[1:] + [tokens[0]])
-    return prefill_logits, tokens, mtp
+    mtp = mtp_logits(runtime.model, out.hidden[0], token_ids[1:] + [tokens[0]])
+    return PromptRun(out.logits[0], tokens, mtp)
+
+
+def run_prompts(runtime: ModelRuntime, golden: dict) -> dict[str, PromptRun]:
+    """Every golden prompt by name, each with fresh state."""
+    return {prompt["name"]: run_prompt(runtime, seq_id, prompt["token_ids"])
+            for seq_id, prompt in enumerate(golden["prompts"])}
 
 
 def b64(x: torch.Tensor) -> str:
     return base64.b64encode(x.detach().float().cpu().numpy().astype("<f4").tobytes()).decode()
 
 
-def candidate_results(runtime: ModelRuntime, golden: dict) -> dict[str, dict]:
-    """The checker's `results` for every golden prompt."""
-    results = {}
-    for seq_id, prompt in enumerate(golden["prompts"]):
-        logits, tokens, mtp = run_prompt(runtime, seq_id, prompt["token_ids"])
-        results[prompt["name"]] = {"logits_b64": b64(logits), "greedy_tokens": tokens,
-                                   "mtp_logits_b64": b64(mtp)}
-    return results
+def candidate_results(runs: dict[str, PromptRun]) -> dict[str, dict]:
+    """The checker's `results`."""
+    return {name: {"logits_b64": b64(run.logits), "greedy_tokens": run.greedy,
+                   "mtp_logits_b64": b64(run.mtp)} for name, run in runs.items()}
 
 
 def run_checker(conformance: Path, results: dict[str, dict], variant: str, work_dir: Path,
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_reference_checkpoint(args.conformance, Path(tmp) / "tiny-a")
         runtime = reference_runtime(model_dir, getattr(torch, args.dtype), args.device)
-        results = candidate_results(runtime, golden)
+        results = candidate_results(run_prompts(runtime, golden))
         checker = run_checker(args.conformance, results, variant, Path(tmp),
                               ("--strict",) if args.strict else ())
     print(f"device={args.device} dtype={args.dtype} variant={variant}")
