@@ -65,7 +65,13 @@ class ForwardDecode:
             list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))) for i in range(batch)]
         self.prompts = [[(97 * i + 13 * j + 5) % vocab for j in range(prompt_len)]
                         for i in range(batch)]
-        self.steps, self.device = steps, device
+        self.model_dir, self.steps, self.device = model_dir, steps, device
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ForwardDecode":
+        """From the flags of `add_forward_arguments`."""
+        return cls(args.model or default_model_dir(), args.batch, args.prompt_len, args.steps,
+                   getattr(torch, args.dtype), args.device)
 
     def measure(self, around: ContextManager = contextlib.nullcontext()) -> float:
         """Decode tok/s of one round; the timed steps run inside `around` (e.g. a profiler)."""
@@ -155,6 +161,16 @@ def report(batch: int, forward: list[float], modes: dict[str, list[dict[str, flo
                   f"best {min(itl['constrained']) / min(itl[other]):.3f}")
 
 
+def add_forward_arguments(parser: argparse.ArgumentParser, steps: int) -> None:
+    """The bare forward's model, shape, device and dtype (`ForwardDecode.from_args`)."""
+    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: tiny-a)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=steps, help="timed decode steps per round")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+
+
 def stack_device_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """The stack's worker on the bare forward's device and dtype (`cuda:N` → `--devices N`)."""
     flags = ("--dtype", args.dtype)
@@ -165,21 +181,15 @@ def stack_device_flags(args: argparse.Namespace) -> tuple[str, ...]:
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: tiny-a)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=32)
+    add_forward_arguments(parser, steps=32)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--torch-threads", type=int, default=1, help="as the worker's default on CPU")
     parser.add_argument("--async-scheduling", choices=("both", "on", "off"), default="both",
                         help="scheduler mode(s) of the end-to-end parts")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
-    model_dir = args.model or default_model_dir()
-    forward = ForwardDecode(model_dir, args.batch, args.prompt_len, args.steps,
-                            getattr(torch, args.dtype), args.device)
+    forward = ForwardDecode.from_args(args)
+    model_dir = forward.model_dir
     modes = [m for m in ("on", "off") if args.async_scheduling in (m, "both")]
     with contextlib.ExitStack() as stacks:
         measures: dict[str, Callable[[int], object]] = {"forward": lambda _: forward.measure()}

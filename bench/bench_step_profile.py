@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.bench_e2e_vs_forward import ForwardDecode, default_model_dir
+from bench.bench_e2e_vs_forward import ForwardDecode, add_forward_arguments
 
 # Host-side CUDA runtime calls that mark a launch, a copy or a wait.
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
@@ -60,17 +60,11 @@ def operator_profile(forward: ForwardDecode, steps: int, top: int, on_cuda: bool
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: tiny-a)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add_forward_arguments(parser, steps=8)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    forward = ForwardDecode(args.model or default_model_dir(), args.batch, args.prompt_len,
-                            args.steps, getattr(torch, args.dtype), args.device)
+    forward = ForwardDecode.from_args(args)
     tokens_per_s = forward.measure()
     print(f"device={args.device} dtype={args.dtype} batch={args.batch}: "
           f"{args.batch / tokens_per_s * 1e3:.2f} ms per decode step unprofiled\n")
