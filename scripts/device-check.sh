@@ -17,7 +17,9 @@
 #   3. end-to-end decode against the bare forward at batch 8 and 32 (bench/bench_e2e_vs_forward.py),
 #      and where a batch-8 decode step's time goes (bench/bench_step_profile.py);
 #   4. the float32 forward against the fp32 golden; the bare forward's throughput and memory
-#      bandwidth (bench/bench_model.py); the demo stack with its MTP block drafting K = 7.
+#      bandwidth (bench/bench_model.py);
+#   5. speculation: the demo stack with its MTP block drafting K = 7, then with its DSpark draft.
+# CHECKS="speculation demo" (the names of `main`'s groups) runs only those groups, in that order.
 set -u
 OUT=${OUT:-/tmp/device-check}
 mkdir -p "$OUT"
@@ -34,6 +36,7 @@ CONFORMANCE=${CONFORMANCE:-.device/conformance}
 DEVICE=${DEVICE:-cuda:0}   # with DEVICE=cpu DTYPE=float32 COUNT=5 too
 DTYPE=${DTYPE:-bfloat16}
 COUNT=${COUNT:-100}
+CHECKS=${CHECKS:-conformance demo e2e float32 model speculation}
 PORT=8000
 STACK_PID=
 
@@ -69,28 +72,55 @@ stop_stack() {
   STACK_PID=
 }
 
-main() {
-  nvidia-smi -L
-  $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.is_available())"
+conformance() {
   check conformance-$DTYPE 180 $PY -m bench.bench_conformance --conformance "$CONFORMANCE" \
     --device "$DEVICE" --dtype "$DTYPE"
+}
+
+demo() {
   start_stack demo
   check dsv4serve-check 120 $PY -m services.cli check --url "http://127.0.0.1:$PORT"
   check demo-accuracy 240 $PY -m bench.bench_demo_accuracy --url "http://127.0.0.1:$PORT" --count "$COUNT"
   stop_stack
+}
+
+e2e() {
   for batch in 8 32; do
     check "e2e-vs-forward-batch-$batch" 240 $PY bench/bench_e2e_vs_forward.py --device "$DEVICE" \
       --dtype "$DTYPE" --batch "$batch" --rounds 2 --async-scheduling on
   done
   check step-profile 120 $PY -m bench.bench_step_profile --device "$DEVICE" --dtype "$DTYPE" \
     --batch 8 --steps 8 --top 30
+}
+
+float32() {
   check conformance-float32 180 $PY -m bench.bench_conformance --conformance "$CONFORMANCE" \
     --device "$DEVICE" --dtype float32
+}
+
+model() {
   check bench-model 180 $PY bench/bench_model.py --presets tiny-a bench-1024 --batches 1 8 32 \
     --device "$DEVICE" --dtype "$DTYPE" --peak-gbs 4800
+}
+
+speculation() {  # K = 7 with the MTP block, then with the DSpark draft (the demo's DSpark variant)
   start_stack demo-mtp --speculative-config '{"method":"mtp","num_speculative_tokens":7}'
   check demo-accuracy-mtp 240 $PY -m bench.bench_demo_accuracy --url "http://127.0.0.1:$PORT" --count "$COUNT"
   stop_stack
+  local dspark_dir
+  dspark_dir=$($PY -c "from services.demo.draft_export import demo_dspark_model_dir; print(demo_dspark_model_dir())")
+  start_stack demo-dspark --model "$dspark_dir" \
+    --speculative-config '{"method":"dspark","num_speculative_tokens":7}'
+  check demo-accuracy-dspark 240 $PY -m bench.bench_demo_accuracy --url "http://127.0.0.1:$PORT" --count "$COUNT"
+  stop_stack
+}
+
+main() {
+  nvidia-smi -L
+  $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.is_available())"
+  for group in $CHECKS; do
+    "$group"
+  done
 }
 
 main 2>&1 | tee "$OUT/device-check.log"
