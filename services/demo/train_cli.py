@@ -72,9 +72,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="start a new run from a compact checkpoint (e.g. "
                              f"{export.COMPACT_DIR}) instead of seeded weights; ignored when "
                              "OUT_DIR holds a saved state, which resumes")
-    parser.add_argument("--warm-start-step", type=int, default=0, metavar="STEP",
-                        help="the step the --warm-start checkpoint was saved after (the "
-                             "committed one: 700); the run continues the schedule from there")
+    parser.add_argument("--warm-start-step", type=int, default=None, metavar="STEP",
+                        help="the step the --warm-start checkpoint was saved after (default: the "
+                             "step its training.json records); the run continues the schedule "
+                             "from there")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -85,9 +86,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50, help="steps between held-out evals")
     add_evaluation_args(parser)
     args = parser.parse_args(list(argv))
-    if args.warm_start and not args.warm_start_step:
-        parser.error("--warm-start needs --warm-start-step")
+    if args.warm_start and args.warm_start_step is None:
+        args.warm_start_step = _recorded_step(args.warm_start)
+        if args.warm_start_step is None:
+            parser.error(f"--warm-start: {args.warm_start} has no {export.TRAINING_FILE}; "
+                         "give --warm-start-step")
     return args
+
+
+def _recorded_step(compact_dir: Path) -> Optional[int]:
+    """The step a compact checkpoint's `training.json` says its weights are from (None without
+    one)."""
+    if not (compact_dir / export.TRAINING_FILE).is_file():
+        return None
+    return export.read_training(compact_dir)[1]
 
 
 def add_evaluation_args(parser: argparse.ArgumentParser) -> None:

@@ -183,6 +183,13 @@ def test_a_warm_start_with_composed_templates_keeps_the_stored_rows_and_adds_los
     assert bool((logits[:, added].max(dim=1).values <= logits[:, kept].max(dim=1).values).all())
 
 
+def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path: Path) -> None:
+    export.write_training(tmp_path, TrainSettings(), 4100)
+    assert parse_args(["out", "--warm-start", str(tmp_path)]).warm_start_step == 4100
+    given = parse_args(["out", "--warm-start", str(tmp_path), "--warm-start-step", "700"])
+    assert given.warm_start_step == 700
+    with pytest.raises(SystemExit):
+        parse_args(["out", "--warm-start", str(tmp_path / "bare")])
 
 
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
