@@ -68,6 +68,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "outside the trained vocabulary, the call unchanged")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
+    parser.add_argument("--key-weight", type=float, default=defaults.key_weight,
+                        help="after the first phase, the loss weight of key tokens (a copied "
+                             "value's, the tool's name, the token closing a value; others 1)")
     parser.add_argument("--warm-start", type=Path, default=None, metavar="COMPACT_DIR",
                         help="start a new run from a compact checkpoint (e.g. "
                              f"{export.COMPACT_DIR}) instead of seeded weights; ignored when "
@@ -119,6 +122,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
     return TrainSettings(
         seed=args.seed, steps=args.steps, examples_per_scene=args.examples_per_scene,
         copy_steps=args.copy_steps, copy_cosine_steps=args.copy_cosine_steps,
+        key_weight=args.key_weight,
         induction_steps=args.induction_steps, span_steps=args.span_steps,
         fresh_steps=args.fresh_steps, fresh_learning_rate=args.fresh_learning_rate,
         fresh_frames=args.fresh_frames, fresh_long_values=args.fresh_long_values,

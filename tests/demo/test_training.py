@@ -193,11 +193,13 @@ def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path
 
 
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
-    args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts",
+    args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts", "--key-weight", "6",
                        "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5"])
     settings = train_settings(args)
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
+    assert settings.key_weight == 6
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
     assert not continues(asdict(settings), replace(settings, fresh_path_parts=False), started)
+    assert not continues(asdict(settings), replace(settings, key_weight=3), started)
