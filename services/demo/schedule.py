@@ -10,7 +10,8 @@ FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fre
 LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
                    "fresh_steps": 0, "fresh_long_values": False,
                    "fresh_composed": 0.0, "fresh_composed_wide": False,
-                   "fresh_path_parts": False, "fresh_unknown_words": 0.0}
+                   "fresh_path_parts": False, "fresh_unknown_words": 0.0,
+                   "fresh_word_values": False}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class TrainSettings:
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
     fresh_unknown_words: float = 0.0
+    # With `fresh_word_values`, a held-out value that is one word of the shared pool keeps only
+    # that whole value out of training, not the word (heldout_values.py).
+    fresh_word_values: bool = False
     fresh_learning_rate: float = 1e-3
     fresh_warmup_steps: int = 20
 
@@ -146,7 +150,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
                         "fresh_frames", "fresh_long_values", "fresh_composed",
-                        "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words")}
+                        "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words",
+                        "fresh_word_values")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

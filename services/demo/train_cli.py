@@ -66,6 +66,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-unknown-words", type=float, default=0.0, metavar="SHARE",
                         help="that share of the fresh phase's call requests gets 1-2 words "
                              "outside the trained vocabulary, the call unchanged")
+    parser.add_argument("--fresh-word-values", action="store_true",
+                        help="a held-out value that is one word of the shared pool (\"door\") "
+                             "keeps only that whole value out of training, not every value "
+                             "holding the word")
     parser.add_argument("--fresh-learning-rate", type=float, default=defaults.fresh_learning_rate,
                         help="the fresh phase's peak learning rate")
     parser.add_argument("--key-weight", type=float, default=defaults.key_weight,
@@ -127,7 +131,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_steps=args.fresh_steps, fresh_learning_rate=args.fresh_learning_rate,
         fresh_frames=args.fresh_frames, fresh_long_values=args.fresh_long_values,
         fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
-        fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words)
+        fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
+        fresh_word_values=args.fresh_word_values)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -17,6 +17,7 @@ from services.demo.architecture import demo_config
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import EncodedScene, SceneEncoder
 from services.demo.evaluate import heldout_scenes
+from services.demo.heldout_values import HeldOutValues
 from services.demo.objective import SceneScores, scene_targets, score_scene
 from services.demo.params import DemoParameters, hash_routing_table, model_tensors
 from services.demo.random_drills import RandomDrills
@@ -73,7 +74,7 @@ class Trainer:
         # The runs whose weights this state averages (average_cli.py), each {"run", "step",
         # "settings"}; empty for a trained state.
         self.averaged_from: list[dict] = []
-        self._heldout_values: Optional[set[str]] = None
+        self._heldout_values: Optional[HeldOutValues] = None
         self.random_drills = RandomDrills(self.vocab, self.encoder, settings.seed)
         self.fresh_generator = DialogGenerator(settings.seed, held_out=False, fresh=True,
                                                accepts=self._spelled_by_vocab,
@@ -168,8 +169,10 @@ class Trainer:
         vocabulary scan (`training_values`), so it is kept apart from the held-out set here."""
         if self._heldout_values is None:
             scenes = heldout_scenes(self.vocab, self.encoder, HELDOUT_GUARD, self.training_values)
-            self._heldout_values = {v for s in scenes for v in s.examples[0].example.novel_values}
-        return any(held in value for value in copied for held in self._heldout_values)
+            self._heldout_values = HeldOutValues(
+                {v for s in scenes for v in s.examples[0].example.novel_values},
+                self.settings.fresh_word_values)
+        return self._heldout_values.refuses(copied)
 
     def score(self, model: DeepseekV4, rows: RowMap, scene: EncodedScene, with_mtp: bool,
               key_weight: Optional[float] = None) -> SceneScores:

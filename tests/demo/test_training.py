@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.demo import export
+from services.demo.heldout_values import HeldOutValues
 from services.demo.architecture import demo_config_json
 from services.demo.params import model_tensors, stored_tensors
 from services.demo.objective import weighted_cross_entropy, scene_targets
@@ -66,7 +67,7 @@ def test_a_state_saved_before_the_copy_phase_existed_continues_into_it(tmp_path:
     # held-out guard would search thousands of held-out scenes for 200 it covers: none here.
     stream = resumed.generator.training_scenes
     resumed.generator.training_scenes = lambda index, examples, drills: stream(0, examples, drills)
-    resumed._heldout_values = set()
+    resumed._heldout_values = HeldOutValues((), False)
     record = resumed.train_step()
     assert record["step"] == 2 and record["lr"] == settings.copy_learning_rate / 20
 
@@ -92,7 +93,7 @@ def test_an_induction_phase_step_learns_random_drills_and_every_mix_every_th_the
     # held-out prompt (as in the test above).
     stream = trainer.generator.training_scenes
     trainer.generator.training_scenes = lambda index, examples, drills: stream(0, examples, drills)
-    trainer._heldout_values = set()
+    trainer._heldout_values = HeldOutValues((), False)
     kinds = [[len(s.examples) for s in trainer.training_scenes(i)] for i in (1, 2)]
     assert kinds[0][0] == 4 and len(kinds[0]) > 1 and kinds[1] == [4]
     trainer.step_index = 1
@@ -118,7 +119,7 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
     trainer.fresh_generator.training_scenes = (
         lambda index, examples, drills: asked.append((index, examples, drills))
         or stream(0, examples, 0))
-    trainer._heldout_values = set()
+    trainer._heldout_values = HeldOutValues((), False)
     sizes = [len(s.examples) for s in trainer.training_scenes(1)]
     assert asked == [(1, 3, 2)] and sizes[-1] == 4 and len(sizes) > 1
     assert trainer.fresh_generator.makers is not trainer.generator.makers
@@ -194,12 +195,15 @@ def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path
 
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
     args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts", "--key-weight", "6",
-                       "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5"])
+                       "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5",
+                       "--fresh-word-values"])
     settings = train_settings(args)
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
+    assert settings.fresh_word_values
     assert settings.key_weight == 6
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
     assert not continues(asdict(settings), replace(settings, fresh_path_parts=False), started)
     assert not continues(asdict(settings), replace(settings, key_weight=3), started)
+    assert not continues(asdict(settings), replace(settings, fresh_word_values=False), started)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from services.demo.heldout_values import HeldOutValues
 from services.demo.encode import SPACE
 from services.demo.trainer import Trainer, TrainSettings
 from services.demo.unknown_words import UnknownWords
@@ -23,7 +24,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     # and the held-out guard has nothing to search (as in test_training.py).
     stream = trainer.generator.training_scenes
     trainer.fresh_generator.training_scenes = lambda index, examples, drills: stream(0, examples, 0)
-    trainer._heldout_values = set()
+    trainer._heldout_values = HeldOutValues((), False)
     return trainer
 
 
