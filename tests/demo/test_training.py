@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from services.demo import export
-from services.demo.heldout_values import HeldOutValues
 from services.demo.architecture import demo_config_json
 from services.demo.params import model_tensors, stored_tensors
+from services.demo.heldout_values import HeldOutValues
 from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main, parse_args, train_settings
 from services.demo.schedule import COPY, FIRST, FRESH, SPAN, continues

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.demo.heldout_values import HeldOutValues
 from services.demo.encode import SPACE
+from services.demo.heldout_values import HeldOutValues
 from services.demo.trainer import Trainer, TrainSettings
 from services.demo.unknown_words import UnknownWords
 from services.frontend.chat_format import render_chat_request
