@@ -78,15 +78,15 @@ class DialogGenerator:
                  strings: Optional[Callable[[random.Random], str]] = None, fresh: bool = False,
                  accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
                  long_values: bool = False, composed_share: float = 0.0,
-                 composed_wide: bool = False, path_parts: bool = False):
+                 composer: Optional[Composer] = None, path_parts: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
         tokens the trained vocabulary lacks); `frames` puts FRAMED_SHARE of the call requests in
         a conversational frame (phrasing.py); `long_values` (with `fresh`) draws free-text values
         of more words (`fresh_values.LONG_MAKERS`); `composed_share` of the call requests use a
-        composed template (composed.py: training only), from the wider parts with
-        `composed_wide` (composed_wide.py); `path_parts` (with `fresh`) builds paths from the
+        composed template (composed.py: training only) from `composer` (the narrow parts if
+        None); `path_parts` (with `fresh`) builds paths from the
         training lists' directory names and file stems too (`fresh_values.with_path_parts`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
@@ -106,7 +106,7 @@ class DialogGenerator:
         self.accepts = accepts
         self.frames = frames
         self.composed_share = composed_share
-        self.composer = Composer(wide=composed_wide) if composed_share else None
+        self.composer = (composer or Composer()) if composed_share else None
 
     def training_scenes(self, index: int, examples: int, long_drills: int = 0) -> list[Scene]:
         """What training step `index` learns from: scene `index` of the stream (chat-only every

@@ -11,7 +11,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_steps": 0, "fresh_long_values": False,
                    "fresh_composed": 0.0, "fresh_composed_wide": False,
                    "fresh_path_parts": False, "fresh_unknown_words": 0.0,
-                   "fresh_word_values": False}
+                   "fresh_word_values": False, "fresh_leading_heads": 0.0}
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class TrainSettings:
     # With `fresh_composed_wide`, composed templates draw from the wider parts too
     # (composed_wide.py), whose words also join the vocabulary.
     fresh_composed_wide: bool = False
+    # `fresh_leading_heads` of a composed template's heads say an optional parameter, where the
+    # tool has such heads (composed.Composer).
+    fresh_leading_heads: float = 0.0
     # With `fresh_path_parts`, paths are built from the training lists' directory names and file
     # stems too (fresh_values.with_path_parts).
     fresh_path_parts: bool = False
@@ -151,7 +154,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
                         "fresh_frames", "fresh_long_values", "fresh_composed",
                         "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words",
-                        "fresh_word_values")}
+                        "fresh_word_values", "fresh_leading_heads")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -60,6 +60,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="composed templates also draw from the wider parts (numbers said "
                              "before their noun, more phrasings of enum and boolean values); "
                              "adds their words to the vocabulary")
+    parser.add_argument("--fresh-leading-heads", type=float, default=defaults.fresh_leading_heads,
+                        metavar="SHARE",
+                        help="that share of the composed templates start with a head saying an "
+                             "optional parameter (\"Add a 30 minute meeting ...\"), where the "
+                             "tool has such heads")
     parser.add_argument("--fresh-path-parts", action="store_true",
                         help="fresh paths are also built from the training lists' directory "
                              "names and file stems (\"/srv/log\", \"~/backup/notes\")")
@@ -132,7 +137,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_frames=args.fresh_frames, fresh_long_values=args.fresh_long_values,
         fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
-        fresh_word_values=args.fresh_word_values)
+        fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -14,6 +14,7 @@ import torch
 
 from services.demo import adapter
 from services.demo.architecture import demo_config
+from services.demo.composed import Composer
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import EncodedScene, SceneEncoder
 from services.demo.evaluate import heldout_scenes
@@ -81,7 +82,9 @@ class Trainer:
                                                frames=settings.fresh_frames,
                                                long_values=settings.fresh_long_values,
                                                composed_share=settings.fresh_composed,
-                                               composed_wide=settings.fresh_composed_wide,
+                                               composer=Composer(
+                                                   wide=settings.fresh_composed_wide,
+                                                   leading_share=settings.fresh_leading_heads),
                                                path_parts=settings.fresh_path_parts)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)

@@ -87,9 +87,29 @@ def test_no_wider_value_phrase_is_or_holds_a_held_out_phrase_or_another_values_p
 
 
 def test_wider_parts_say_enum_values_in_phrases_the_catalog_never_uses() -> None:
-    generator = DialogGenerator(1, False, fresh=True, composed_share=1.0, composed_wide=True)
+    generator = DialogGenerator(1, False, fresh=True, composed_share=1.0,
+                                composer=Composer(wide=True))
     wide = {p for tool in WIDE_PHRASES.values() for by_value in tool.values()
             for phrases in by_value.values() for p in phrases}
     requests = [e.messages[-1]["content"] for i in range(6)
                 for e in generator.scene(i, 24).examples if e.kind == "call"]
     assert sum(any(p in r for p in wide) for r in requests) >= 5
+
+
+def _says_an_optional_parameter_in_its_head(spec, template: str) -> bool:
+    return any(head in template for head in WIDE_PARTS[spec.name].heads
+               if placeholders(head) - set(spec.required))
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0])
+def test_a_leading_share_starts_templates_with_heads_saying_an_optional_parameter(
+        share: float) -> None:
+    composer, rng = Composer(wide=True, leading_share=share), random.Random(13)
+    by_tool = {spec.name: spec for spec in CATALOG}
+    event, email = by_tool["create_event"], by_tool["send_email"]
+    every = {p.name for p in event.params}
+    leading = [_says_an_optional_parameter_in_its_head(event, composer.template(event, rng, every, 0.0))
+               for _ in range(100)]
+    assert all(leading) if share else sum(leading) < 50
+    # a tool without such heads composes as before
+    assert composer.template(email, rng, {p.name for p in email.params}, 0.0) is not None

@@ -196,10 +196,10 @@ def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
     args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts", "--key-weight", "6",
                        "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5",
-                       "--fresh-word-values"])
+                       "--fresh-word-values", "--fresh-leading-heads", "0.5"])
     settings = train_settings(args)
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
-    assert settings.fresh_word_values
+    assert settings.fresh_word_values and settings.fresh_leading_heads == 0.5
     assert settings.key_weight == 6
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
@@ -207,3 +207,4 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_path_parts=False), started)
     assert not continues(asdict(settings), replace(settings, key_weight=3), started)
     assert not continues(asdict(settings), replace(settings, fresh_word_values=False), started)
+    assert not continues(asdict(settings), replace(settings, fresh_leading_heads=0.0), started)
