@@ -1,8 +1,8 @@
 """Seeded synthetic conversations: scenes of 2–5 declared tools and the turns to learn in them.
 
-A `Scene` is one system prompt (tools included) shared by several `Example`s: a tool call chosen
-by the request, with arguments copied out of the user message; an answer from a tool result in
-the next turn; a greeting or a short fixed answer. Each example is in chat or thinking mode
+A `Scene` (scene.py) is one system prompt (tools included) shared by several `Example`s: a tool
+call chosen by the request, with arguments copied out of the user message; an answer from a tool
+result in the next turn; a greeting or a short fixed answer. Each example is in chat or thinking mode
 (thinking adds a short reasoning span). Everything is drawn from one `random.Random`, so a scene is
 a pure function of (seed, index); `held_out` draws from the held-out templates and lists only.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from services.demo import fresh_values, phrasing, values
 from services.demo.composed import Composer, ValuePhrases
+from services.demo.scene import Example, Scene
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
@@ -40,35 +40,6 @@ CHAT: tuple[tuple[str, str], ...] = (
     ("What is 2+2?/Think about 2+2.", "4."),
     ("Tell me a joke.", "I would, but my weights are too tiny to be funny."),
 )
-
-
-@dataclass
-class Example:
-    kind: str                          # "call", "answer" or "chat"
-    messages: list[dict[str, Any]]     # the conversation before the turn to predict (no system)
-    target: dict[str, Any]             # the assistant message to predict
-    thinking: bool
-    copy_values: list[str] = field(default_factory=list)   # strings copied from the prompt
-    expected_call: Optional[tuple[str, dict[str, Any]]] = None
-    # Free-form argument values (not enum members, not a command named by its intent): the ones a
-    # held-out example must never share with training.
-    novel_values: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Scene:
-    system: Optional[str]
-    tools: list[dict[str, Any]]
-    examples: list[Example]
-
-    def request(self, example: Example) -> dict[str, Any]:
-        """The OpenAI request whose rendered prompt precedes `example.target`."""
-        system = [] if self.system is None else [{"role": "system", "content": self.system}]
-        body: dict[str, Any] = {"messages": system + example.messages,
-                                "chat_template_kwargs": {"thinking": example.thinking}}
-        if self.tools:
-            body["tools"] = self.tools
-        return body
 
 
 class DialogGenerator:

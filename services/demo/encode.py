@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from tokenizers import Tokenizer
 
-from services.demo.dialogs import Example, Scene
+from services.demo.scene import Example, Scene
 from services.frontend.chat_format import render_chat_request
 from services.frontend.tokenizer import TOKENIZER_FILE, bundled_tokenizer_dir
 

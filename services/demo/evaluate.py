@@ -10,7 +10,8 @@ from typing import Iterable, Iterator
 
 import torch
 
-from services.demo.dialogs import DialogGenerator, Example
+from services.demo.dialogs import DialogGenerator
+from services.demo.scene import Example
 from services.demo.encode import EncodedScene, SceneEncoder
 from services.demo.vocab import TrainedVocab
 
