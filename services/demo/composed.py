@@ -186,8 +186,8 @@ class Composer:
     `leading_share` of a tool's templates draw their head from those of its heads that say an
     optional parameter ("Add a {duration_minutes} minute meeting \"{title}\" on {date}"), where
     it has any. Drawn evenly, such heads are 3 of create_event's 15, and run Y (docs/demo-model.md)
-    left the duration out of every request that said it before the title, training heads
-    included, while it wrote the duration said after the date."""
+    left a duration said before the title out of 4–5 of the 5 held-out prompts and out of every
+    training head probed, while it wrote a duration said after the date."""
 
     def __init__(self, guard: Optional[HeldOutGuard] = None, wide: bool = False,
                  leading_share: float = 0.0):
