@@ -2,9 +2,10 @@
 
 A `Scene` (scene.py) is one system prompt (tools included) shared by several `Example`s: a tool
 call chosen by the request, with arguments copied out of the user message; an answer from a tool
-result in the next turn; a greeting or a short fixed answer. Each example is in chat or thinking mode
-(thinking adds a short reasoning span). Everything is drawn from one `random.Random`, so a scene is
-a pure function of (seed, index); `held_out` draws from the held-out templates and lists only.
+result in the next turn; a greeting or a short fixed answer. Each example is in chat or thinking
+mode (thinking adds a short reasoning span). Everything is drawn from one `random.Random`, so a
+scene is a pure function of (seed, index); `held_out` draws from the held-out templates and lists
+only.
 """
 from __future__ import annotations
 
