@@ -11,8 +11,8 @@ from typing import Iterable, Iterator
 import torch
 
 from services.demo.dialogs import DialogGenerator
-from services.demo.scene import Example
 from services.demo.encode import EncodedScene, SceneEncoder
+from services.demo.scene import Example
 from services.demo.vocab import TrainedVocab
 
 HELDOUT_SEED = 1_000_003     # never a training seed: the held-out split also uses its own lists

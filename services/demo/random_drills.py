@@ -19,8 +19,8 @@ import random
 from typing import Callable
 
 from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator, tool_json
-from services.demo.scene import Example, Scene
 from services.demo.encode import SPACE, SceneEncoder, contains_run
+from services.demo.scene import Example, Scene
 from services.demo.tools import CATALOG
 from services.demo.vocab import TrainedVocab
 

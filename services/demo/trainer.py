@@ -82,9 +82,7 @@ class Trainer:
                                                frames=settings.fresh_frames,
                                                long_values=settings.fresh_long_values,
                                                composed_share=settings.fresh_composed,
-                                               composer=Composer(
-                                                   wide=settings.fresh_composed_wide,
-                                                   leading_share=settings.fresh_leading_heads),
+                                               composer=self._composer(),
                                                path_parts=settings.fresh_path_parts)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
@@ -197,6 +195,14 @@ class Trainer:
                  "hash_table": self.hash_table,
                  "settings": asdict(self.settings), "averaged_from": self.averaged_from}
         write_state(self.out_dir / STATE_FILE, state)
+
+    def _composer(self) -> Optional[Composer]:
+        """The fresh phase's composer; none when no request is composed (no guard built)."""
+        settings = self.settings
+        if not settings.fresh_composed:
+            return None
+        return Composer(wide=settings.fresh_composed_wide,
+                        leading_share=settings.fresh_leading_heads)
 
     def _load(self) -> Optional[dict]:
         path = self.out_dir / STATE_FILE
