@@ -19,8 +19,9 @@ import json
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_presets import FLASH_CONFIG
 
+DEMO_LAYERS = 4
 DEMO_OVERRIDES: dict = {
-    "hidden_size": 256, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 0, 0],
+    "hidden_size": 256, "num_hidden_layers": DEMO_LAYERS, "compress_ratios": [0, 4, 128, 0, 0],
     "num_attention_heads": 4, "head_dim": 128, "qk_rope_head_dim": 64, "q_lora_rank": 128,
     "o_groups": 4, "o_lora_rank": 64, "n_routed_experts": 16, "num_experts_per_tok": 2,
     "n_shared_experts": 1, "moe_intermediate_size": 128, "num_hash_layers": 1,
@@ -29,26 +30,36 @@ DEMO_OVERRIDES: dict = {
 }
 
 
-def demo_config_json() -> dict:
-    """The config.json of the demo checkpoint."""
+def demo_config_json(layers: int = DEMO_LAYERS) -> dict:
+    """The config.json of the demo checkpoint; `layers` past the four are sliding-window layers
+    after them (`train-demo --layers`, grown from a four-layer run: warm_start.py)."""
+    if layers < DEMO_LAYERS:
+        raise ValueError(f"the demo model has at least {DEMO_LAYERS} layers, not {layers}")
     config = json.loads(json.dumps(FLASH_CONFIG))
     config.update(json.loads(json.dumps(DEMO_OVERRIDES)))
+    ratios = config["compress_ratios"]
+    config["num_hidden_layers"] = layers
+    config["compress_ratios"] = ratios[:DEMO_LAYERS] + [0] * (layers - DEMO_LAYERS) + ratios[-1:]
     return config
 
 
-def demo_config() -> ModelConfig:
-    return ModelConfig.from_dict(demo_config_json())
+def demo_config(layers: int = DEMO_LAYERS) -> ModelConfig:
+    return ModelConfig.from_dict(demo_config_json(layers))
 
 
 # The demo's DSpark variant (draft.py): the demo target with one draft stage in place of its MTP
 # block, reading the last layer's output, trained for K = 7; Markov rank 16. One stage
 # (~1.5 MB, the size of the MTP block) keeps the committed weights under the issue's 15 MB.
 DRAFT_OVERRIDES: dict = {
-    "n_mtp_layers": 1, "compress_ratios": [0, 4, 128, 0, 0], "dspark_block_size": 8,
-    "dspark_noise_token_id": 128799, "dspark_target_layer_ids": [3], "dspark_markov_rank": 16,
+    "n_mtp_layers": 1, "dspark_block_size": 8, "dspark_noise_token_id": 128799,
+    "dspark_markov_rank": 16,
 }
 
 
 def draft_config_json(target_config_json: dict) -> dict:
-    """The config.json of a demo target's DSpark variant."""
-    return {**target_config_json, **json.loads(json.dumps(DRAFT_OVERRIDES))}
+    """The config.json of a demo target's DSpark variant: its stage (a sliding-window block)
+    reads the target's last layer."""
+    last = target_config_json["num_hidden_layers"] - 1
+    return {**target_config_json, **json.loads(json.dumps(DRAFT_OVERRIDES)),
+            "compress_ratios": target_config_json["compress_ratios"][:last + 1] + [0],
+            "dspark_target_layer_ids": [last]}

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from services.demo import adapter
-from services.demo.architecture import demo_config_json, draft_config_json
+from services.demo.architecture import DEMO_LAYERS, demo_config_json, draft_config_json
 from services.demo.draft_export import MARKOV, write_draft
 from services.demo.params import (fake_quantize_grouped, initial_value, logical_shape,
                                  model_tensors)
@@ -64,8 +64,9 @@ def target_trainer(out_dir: Path, target_dir: Path) -> Trainer:
                    WarmStart(target_dir, step))
 
 
-def draft_config() -> ModelConfig:
-    return ModelConfig.from_dict(draft_config_json(demo_config_json()))
+def draft_config(layers: int = DEMO_LAYERS) -> ModelConfig:
+    """The DSpark variant of a demo target of `layers` layers."""
+    return ModelConfig.from_dict(draft_config_json(demo_config_json(layers)))
 
 
 def draft_specs(config: ModelConfig) -> dict[str, TensorSpec]:
@@ -127,9 +128,9 @@ class DraftTrainer:
         they are not this target's (its Markov rows are matched by id: `load_draft`)."""
         self.out_dir = out_dir
         self.settings = settings
-        self.config = draft_config()
-        self.specs = draft_specs(self.config)
         self.target = target_trainer(out_dir / "target", target_dir)
+        self.config = draft_config(self.target.settings.layers)
+        self.specs = draft_specs(self.config)
         noise = self.config.dspark_noise_token_id
         self.rows = self.target.vocab.rows([noise] if noise not in self.target.vocab.ids else [])
         # The model computes over compact rows: its noise token is the noise id's row.

@@ -5,18 +5,23 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from services.demo.architecture import DEMO_LAYERS
+
 FIRST, COPY, INDUCTION, SPAN, FRESH = "first", "copy", "induction", "span", "fresh"
 # Settings a state saved by an older trainer lacks, with the values it ran under.
 LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls": 0, "span_steps": 0,
                    "fresh_steps": 0, "fresh_long_values": False,
                    "fresh_composed": 0.0, "fresh_composed_wide": False,
                    "fresh_path_parts": False, "fresh_unknown_words": 0.0,
-                   "fresh_word_values": False, "fresh_leading_heads": 0.0}
+                   "fresh_word_values": False, "fresh_leading_heads": 0.0,
+                   "layers": DEMO_LAYERS}
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     seed: int = 1
+    # The model's layers (architecture.demo_config); a warm start from fewer grows it.
+    layers: int = DEMO_LAYERS
     steps: int = 400
     examples_per_scene: int = 12
     learning_rate: float = 2e-3
@@ -147,7 +152,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     `current`: every step it ran is the same step (phase, data, learning rate) under both. Fields
     the older state lacks and that it never used take the current values."""
     before = TrainSettings(**{**asdict(current), **LEGACY_SETTINGS, **saved})
-    data = ("seed", "steps", "examples_per_scene", "mtp_weight", "clip_norm")
+    data = ("seed", "layers", "steps", "examples_per_scene", "mtp_weight", "clip_norm")
     by_phase = {COPY: ("long_drills", "key_weight"),
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),

@@ -88,6 +88,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="the step the --warm-start checkpoint was saved after (default: the "
                              "step its training.json records); the run continues the schedule "
                              "from there")
+    parser.add_argument("--layers", type=int, default=defaults.layers,
+                        help="the model's layers; with --warm-start from fewer, the layers past "
+                             "the checkpoint's start close to the identity (warm_start.py)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -129,7 +132,7 @@ def add_evaluation_args(parser: argparse.ArgumentParser) -> None:
 def train_settings(args: argparse.Namespace) -> TrainSettings:
     """The recipe the command line asks for."""
     return TrainSettings(
-        seed=args.seed, steps=args.steps, examples_per_scene=args.examples_per_scene,
+        seed=args.seed, layers=args.layers, steps=args.steps, examples_per_scene=args.examples_per_scene,
         copy_steps=args.copy_steps, copy_cosine_steps=args.copy_cosine_steps,
         key_weight=args.key_weight,
         induction_steps=args.induction_steps, span_steps=args.span_steps,
@@ -212,8 +215,8 @@ def finish(trainer: Trainer, out_dir: Path, final_eval: FinalEval, install: bool
                for s in scenes]
     (out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
-    compact = export.write_compact(out_dir / "compact", demo_config_json(), stored,
-                                   trainer.vocab.ids, trainer.hash_table)
+    compact = export.write_compact(out_dir / "compact", demo_config_json(trainer.settings.layers),
+                                   stored, trainer.vocab.ids, trainer.hash_table)
     export.write_training(compact, trainer.settings, trainer.step_index, trainer.averaged_from)
     if install:
         for path in [*compact.iterdir(), out_dir / "loss.png", out_dir / "accuracy.png",

@@ -53,7 +53,7 @@ class Trainer:
         if given, else from step 0 with seeded weights."""
         self.out_dir = out_dir
         self.settings = settings
-        self.config = demo_config()
+        self.config = demo_config(settings.layers)
         self.specs = expected_tensors(self.config)
         self.encoder = SceneEncoder()
         self.generator = DialogGenerator(settings.seed, held_out=False)

@@ -15,10 +15,21 @@ A run whose vocabulary holds more ids than the checkpoint's (composed templates 
 `vocab.composed_vocabulary`) gives each new id the checkpoint's mean head row — its logit is the
 mean of the trained ones, as for an untrained id, so it cannot win before it is learnt — and the
 mean embedding row plus seeded noise of the rows' own spread, so new words read apart.
+
+A run with more layers than the checkpoint (`train-demo --layers`) grows it: the checkpoint's
+layers keep their places, and each new layer (after them, before the MTP block) starts close to
+the identity, so the grown model starts where the checkpoint left off. Its output projections
+(attention `wo_b`, every expert's and the shared expert's `w2`) start at a hundredth of their
+seeded values, and its hyper-connection mixing starts as the identity: a layer seeded as usual
+mixes the four hc copies evenly (comb base 0 → every entry ¼), which would average copies the
+trained layers keep apart.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import json
 
 import torch
 from safetensors.torch import load_file
@@ -41,10 +52,45 @@ def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, T
         raise ValueError(f"{compact_dir} was trained on another vocabulary "
                          f"({len(stored_ids)} ids, this run has {len(vocab)})")
     embed, head = widened_rows(vocab, stored_ids, rows["embed"].float(), rows["head"].float())
+    masters = params.body_tensors()
+    stored_layers = _stored_layers(compact_dir)
+    if f"layers.{stored_layers - 1}.attn_norm.weight" not in masters:
+        raise ValueError(f"{compact_dir} has {stored_layers} layers, more than this run's")
+    grown = grown_names(masters, stored_layers)
     with torch.no_grad():
-        copy_dequantized(params.body_tensors(), body, specs)
+        copy_dequantized({n: m for n, m in masters.items() if n not in grown}, body, specs)
+        start_as_identity({n: masters[n] for n in grown})
         _set_rows(params, vocab, embed, head)
     return rows["hash_table"]
+
+
+# A new layer's output projections start at this share of their seeded values.
+GROWN_OUTPUT_GAIN = 0.01
+# The diagonal of a new layer's hc comb base: softmax(8 on the diagonal, 0 elsewhere) keeps
+# 99.9% of each copy in place.
+GROWN_COMB_DIAGONAL = 8.0
+_GROWN_OUTPUTS = ("attn.wo_b.weight", ".w2.weight")
+
+
+def _stored_layers(compact_dir: Path) -> int:
+    config = json.loads((compact_dir / "config.json").read_text(encoding="utf-8"))
+    return config["num_hidden_layers"]
+
+
+def grown_names(masters: dict[str, torch.Tensor], stored_layers: int) -> set[str]:
+    """The master tensors of layers a checkpoint of `stored_layers` layers lacks."""
+    return {name for name in masters
+            if (match := re.match(r"layers\.(\d+)\.", name)) and int(match[1]) >= stored_layers}
+
+
+def start_as_identity(layer_tensors: dict[str, torch.Tensor]) -> None:
+    """Make new layers' seeded masters (call under no_grad) start close to the identity."""
+    for name, master in layer_tensors.items():
+        if name.endswith(_GROWN_OUTPUTS):
+            master.mul_(GROWN_OUTPUT_GAIN)
+        elif name.endswith(("hc_attn_base", "hc_ffn_base")):
+            hc = round((master.numel() + 1) ** 0.5) - 1     # (2 + hc) · hc entries
+            master[2 * hc:] = GROWN_COMB_DIAGONAL * torch.eye(hc).flatten()
 
 
 def widened_rows(vocab: TrainedVocab, stored_ids: list[int], embed: torch.Tensor,

@@ -26,7 +26,9 @@ def test_the_exported_draft_is_what_training_computed_with_beside_the_demo_targe
     for name in export.COMPACT_FILES:
         shutil.copyfile(export.COMPACT_DIR / name, compact / name)
     ids = load_file(str(compact / "vocab.safetensors"))["ids"].to(torch.int64)
-    config, specs = draft_config(), draft_specs(draft_config())
+    layers = export.read_training(export.COMPACT_DIR)[0].layers
+    config = draft_config(layers)
+    specs = draft_specs(config)
     params = DraftParameters(specs, len(ids), seed=5)
     with torch.no_grad():
         params.markov[1].normal_(generator=torch.Generator().manual_seed(5))
@@ -36,7 +38,7 @@ def test_the_exported_draft_is_what_training_computed_with_beside_the_demo_targe
     with CheckpointReader(expand_dspark(compact, tmp_path / "dspark")) as reader:
         served = reader.load_all(config, torch.float32)
     with CheckpointReader(export.expand(compact, tmp_path / "demo")) as reader:
-        target = reader.load_all(demo_config(), torch.float32)
+        target = reader.load_all(demo_config(layers), torch.float32)
     for name, tensor in trained.items():
         assert torch.equal(served[name][ids] if name in MARKOV else served[name], tensor), name
     for name in served:
@@ -51,6 +53,13 @@ def test_the_exported_draft_is_what_training_computed_with_beside_the_demo_targe
     w1, w2 = (served[name] for name in MARKOV)
     logits = x @ served["head.weight"].T + w1[prev] @ w2.T
     assert bool((logits[:, untrained].amax(dim=1) < logits[:, ~untrained].amax(dim=1)).all())
+
+
+def test_the_draft_stage_reads_the_last_layer_of_a_grown_target() -> None:
+    four, five = draft_config(), draft_config(5)
+    assert four.dspark_target_layer_ids == (3,) and five.dspark_target_layer_ids == (4,)
+    assert list(five.compress_ratios) == [0, 4, 128, 0, 0, 0]
+    assert draft_specs(four).keys() == draft_specs(five).keys()
 
 
 def test_a_warm_started_draft_computes_with_the_weights_of_the_draft_it_loaded(

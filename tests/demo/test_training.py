@@ -127,8 +127,8 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
 
 def _exported(trainer: Trainer, out: Path) -> Path:
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
-    return export.write_compact(out, demo_config_json(), stored, trainer.vocab.ids,
-                                trainer.hash_table)
+    return export.write_compact(out, demo_config_json(trainer.settings.layers), stored,
+                                trainer.vocab.ids, trainer.hash_table)
 
 
 def _served_tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -153,6 +153,36 @@ def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
     for name, tensor in expected.items():
         assert torch.equal(tensor, loaded[name]), name
     assert warm.train_step()["step"] == 2
+
+
+def test_a_run_grown_from_a_checkpoint_starts_where_the_checkpoint_left_off(
+        tmp_path: Path) -> None:
+    """`--layers 5` from a four-layer checkpoint: its layers come back bit-equal, the new one
+    starts close to the identity (the loss moves by well under a percent), and it learns."""
+    source = Trainer(tmp_path / "source", TINY_RUN)
+    source.train_step()
+    grown = Trainer(tmp_path / "grown", replace(TINY_RUN, layers=5),
+                    WarmStart(_exported(source, tmp_path / "compact"), 1))
+    expected, loaded = _served_tensors(source), _served_tensors(grown)
+    assert {n for n in loaded.keys() - expected.keys()} == {
+        n for n in loaded if n.startswith("layers.4.")}
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, loaded[name]), name
+    scene = source.training_scenes(1)[0]
+    with torch.no_grad():
+        before, after = (t.score(t.model(), t.vocab.rows(), scene, with_mtp=False).loss
+                         for t in (source, grown))
+    assert abs(float(after - before)) < 0.005 * float(before)
+    new_output = grown.params.body_tensors()["layers.4.attn.wo_b.weight"].detach().clone()
+    grown.train_step()
+    assert not torch.equal(new_output, grown.params.body_tensors()["layers.4.attn.wo_b.weight"])
+
+
+def test_a_warm_start_from_a_checkpoint_with_more_layers_is_refused(tmp_path: Path) -> None:
+    source = Trainer(tmp_path / "source", replace(TINY_RUN, layers=5))
+    compact = _exported(source, tmp_path / "compact")
+    with pytest.raises(ValueError, match="5 layers, more than this run's"):
+        Trainer(tmp_path / "fewer", TINY_RUN, WarmStart(compact, 2))
 
 
 def test_a_warm_start_from_a_checkpoint_with_ids_the_run_lacks_is_refused(tmp_path: Path) -> None:
@@ -196,8 +226,9 @@ def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
     args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts", "--key-weight", "6",
                        "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5",
-                       "--fresh-word-values", "--fresh-leading-heads", "0.5"])
+                       "--fresh-word-values", "--fresh-leading-heads", "0.5", "--layers", "5"])
     settings = train_settings(args)
+    assert settings.layers == 5
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
     assert settings.fresh_word_values and settings.fresh_leading_heads == 0.5
     assert settings.key_weight == 6
@@ -208,3 +239,4 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, key_weight=3), started)
     assert not continues(asdict(settings), replace(settings, fresh_word_values=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_leading_heads=0.0), started)
+    assert not continues(asdict(settings), replace(settings, layers=4), 1)
