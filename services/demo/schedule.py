@@ -14,7 +14,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_composed": 0.0, "fresh_composed_wide": False,
                    "fresh_path_parts": False, "fresh_unknown_words": 0.0,
                    "fresh_word_values": False, "fresh_leading_heads": 0.0,
-                   "layers": DEMO_LAYERS}
+                   "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class TrainSettings:
     seed: int = 1
     # The model's layers (architecture.demo_config); a warm start from fewer grows it.
     layers: int = DEMO_LAYERS
+    # The layers past the first DEMO_LAYERS learn at this multiple of the learning rate: grown
+    # from a checkpoint, they start near the identity and have all to learn.
+    grown_learning_rate_scale: float = 1.0
     steps: int = 400
     examples_per_scene: int = 12
     learning_rate: float = 2e-3
@@ -152,7 +155,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     `current`: every step it ran is the same step (phase, data, learning rate) under both. Fields
     the older state lacks and that it never used take the current values."""
     before = TrainSettings(**{**asdict(current), **LEGACY_SETTINGS, **saved})
-    data = ("seed", "layers", "steps", "examples_per_scene", "mtp_weight", "clip_norm")
+    data = ("seed", "layers", "grown_learning_rate_scale", "steps", "examples_per_scene",
+            "mtp_weight", "clip_norm")
     by_phase = {COPY: ("long_drills", "key_weight"),
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),

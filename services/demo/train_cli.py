@@ -91,6 +91,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=defaults.layers,
                         help="the model's layers; with --warm-start from fewer, the layers past "
                              "the checkpoint's start close to the identity (warm_start.py)")
+    parser.add_argument("--grown-learning-rate-scale", type=float,
+                        default=defaults.grown_learning_rate_scale, metavar="SCALE",
+                        help="the layers past the first four learn at SCALE times the rate")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--examples-per-scene", type=int, default=defaults.examples_per_scene)
     parser.add_argument("--stop-after", type=int, default=0, metavar="STEP",
@@ -132,7 +135,8 @@ def add_evaluation_args(parser: argparse.ArgumentParser) -> None:
 def train_settings(args: argparse.Namespace) -> TrainSettings:
     """The recipe the command line asks for."""
     return TrainSettings(
-        seed=args.seed, layers=args.layers, steps=args.steps, examples_per_scene=args.examples_per_scene,
+        seed=args.seed, layers=args.layers,
+        grown_learning_rate_scale=args.grown_learning_rate_scale, steps=args.steps, examples_per_scene=args.examples_per_scene,
         copy_steps=args.copy_steps, copy_cosine_steps=args.copy_cosine_steps,
         key_weight=args.key_weight,
         induction_steps=args.induction_steps, span_steps=args.span_steps,

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from services.demo import adapter
-from services.demo.architecture import demo_config
+from services.demo.architecture import DEMO_LAYERS, demo_config
 from services.demo.composed import Composer
 from services.demo.dialogs import DialogGenerator
 from services.demo.encode import EncodedScene, SceneEncoder
@@ -27,7 +27,7 @@ from services.demo.state_file import write_state
 from services.demo.unknown_words import UnknownWords
 from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary, scan_training,
                                  tie_structure)
-from services.demo.warm_start import load_compact
+from services.demo.warm_start import grown_names, load_compact
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
 from services.worker.model.weights import ModelWeights
@@ -105,7 +105,7 @@ class Trainer:
     def train_step(self) -> dict:
         index = self.step_index
         for group in self.optimizer.param_groups:
-            group["lr"] = self.settings.learning_rate_at(index)
+            group["lr"] = self.settings.learning_rate_at(index) * group.get("lr_scale", 1.0)
         scenes = self.training_scenes(index)
         if self.unknown_words and self.settings.phase(index) == FRESH:
             scenes = self.unknown_words.scenes(scenes, index)
@@ -214,10 +214,19 @@ class Trainer:
         return saved
 
     def _groups(self) -> list[dict]:
+        """Vocabulary deltas (decayed), the layers past the first DEMO_LAYERS (at
+        `grown_learning_rate_scale` × the rate), and the rest."""
         deltas = [self.params.embed_delta, self.params.head_delta]
-        rest = [p for p in self.params.parameters() if all(p is not d for d in deltas)]
-        return [{"params": rest, "weight_decay": 0.0},
-                {"params": deltas, "weight_decay": DELTA_WEIGHT_DECAY}]
+        body = self.params.body_tensors()
+        grown = [body[name] for name in sorted(grown_names(body, DEMO_LAYERS))]
+        rest = [p for p in self.params.parameters()
+                if all(p is not d for d in deltas) and all(p is not g for g in grown)]
+        groups = [{"params": rest, "weight_decay": 0.0},
+                  {"params": deltas, "weight_decay": DELTA_WEIGHT_DECAY}]
+        if grown:
+            groups.append({"params": grown, "weight_decay": 0.0,
+                           "lr_scale": self.settings.grown_learning_rate_scale})
+        return groups
 
 
 def _weighted(scores: list[SceneScores], key: str) -> float:

@@ -158,10 +158,11 @@ def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
 def test_a_run_grown_from_a_checkpoint_starts_where_the_checkpoint_left_off(
         tmp_path: Path) -> None:
     """`--layers 5` from a four-layer checkpoint: its layers come back bit-equal, the new one
-    starts close to the identity (the loss moves by well under a percent), and it learns."""
+    starts close to the identity (the loss moves by well under a percent), and it learns, at
+    `--grown-learning-rate-scale` times the rate."""
     source = Trainer(tmp_path / "source", TINY_RUN)
     source.train_step()
-    grown = Trainer(tmp_path / "grown", replace(TINY_RUN, layers=5),
+    grown = Trainer(tmp_path / "grown", replace(TINY_RUN, layers=5, grown_learning_rate_scale=10),
                     WarmStart(_exported(source, tmp_path / "compact"), 1))
     expected, loaded = _served_tensors(source), _served_tensors(grown)
     assert {n for n in loaded.keys() - expected.keys()} == {
@@ -176,6 +177,13 @@ def test_a_run_grown_from_a_checkpoint_starts_where_the_checkpoint_left_off(
     new_output = grown.params.body_tensors()["layers.4.attn.wo_b.weight"].detach().clone()
     grown.train_step()
     assert not torch.equal(new_output, grown.params.body_tensors()["layers.4.attn.wo_b.weight"])
+    rate = grown.settings.learning_rate_at(1)
+    new_layer = {id(t) for n, t in grown.params.body_tensors().items() if n.startswith("layers.4.")}
+    groups = [(group["lr"], {id(p) for p in group["params"]})
+              for group in grown.optimizer.param_groups]
+    others = set().union(*(ids for lr, ids in groups if lr == rate))
+    assert [ids for lr, ids in groups if lr == 10 * rate] == [new_layer]
+    assert len(groups) == 3 and others and not new_layer & others
 
 
 def test_a_warm_start_from_a_checkpoint_with_more_layers_is_refused(tmp_path: Path) -> None:
@@ -226,9 +234,10 @@ def test_a_warm_start_continues_from_the_step_its_training_json_records(tmp_path
 def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -> None:
     args = parse_args(["out", "--fresh-steps", "3", "--fresh-path-parts", "--key-weight", "6",
                        "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5",
-                       "--fresh-word-values", "--fresh-leading-heads", "0.5", "--layers", "5"])
+                       "--fresh-word-values", "--fresh-leading-heads", "0.5", "--layers", "5",
+                       "--grown-learning-rate-scale", "10"])
     settings = train_settings(args)
-    assert settings.layers == 5
+    assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
     assert settings.fresh_word_values and settings.fresh_leading_heads == 0.5
     assert settings.key_weight == 6
@@ -240,3 +249,4 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_word_values=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_leading_heads=0.0), started)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
+    assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
