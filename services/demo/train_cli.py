@@ -136,7 +136,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
     """The recipe the command line asks for."""
     return TrainSettings(
         seed=args.seed, layers=args.layers,
-        grown_learning_rate_scale=args.grown_learning_rate_scale, steps=args.steps, examples_per_scene=args.examples_per_scene,
+        grown_learning_rate_scale=args.grown_learning_rate_scale, steps=args.steps,
+        examples_per_scene=args.examples_per_scene,
         copy_steps=args.copy_steps, copy_cosine_steps=args.copy_cosine_steps,
         key_weight=args.key_weight,
         induction_steps=args.induction_steps, span_steps=args.span_steps,
