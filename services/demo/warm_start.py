@@ -26,10 +26,9 @@ trained layers keep apart.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-
-import json
 
 import torch
 from safetensors.torch import load_file
