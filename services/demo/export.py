@@ -3,7 +3,8 @@
 Compact form (`services/demo/weights/`, a few MB): `config.json`; `body.safetensors` with every
 tensor of the checkpoint except the vocabulary-sized ones, already in their stored form (FP8 e4m3 +
 ue8m0 scales, packed FP4 + scales, bf16, f32); `vocab.safetensors` with the trained token ids, their
-`embed` and `head` rows (bf16) and the hash-routing table (uint8 [V, k]); `training.json` with the
+`embed` and `head` rows (FP8 with their `embed_scale`/`head_scale`, params.VOCAB_FP8_BLOCK; bf16
+with no scale in compacts written before) and the hash-routing table (uint8 [V, k]); `training.json` with the
 step the weights are from and the settings of the run that trained them, which a run distilling a
 draft from them needs to rebuild the same vocabulary and stream (draft.py).
 
@@ -24,8 +25,9 @@ from typing import Sequence, Union
 import torch
 from safetensors.torch import load_file, save_file
 
+from services.demo.params import served_vocab_rows
 from services.demo.schedule import TrainSettings, saved_settings
-from services.worker.model.checkpoint import INDEX_FILE, expected_tensors
+from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
 from services.frontend.tokenizer import bundled_tokenizer_dir
@@ -36,19 +38,24 @@ HELDOUT_FILE = "heldout.json"
 TRAINING_FILE = "training.json"
 SERVED_NAME = "dsv4-demo"   # the held-out evaluation prompts of the committed model
 SHARD = "model.safetensors"
+VOCAB_ROWS = ("embed", "head")
+ROW_SCALE_KEY = "_scale"      # `vocab.safetensors` holds `embed_scale` next to FP8 `embed` rows
 PathLike = Union[str, Path]
 
 
 def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.Tensor],
                   vocab_ids: torch.Tensor, hash_table: torch.Tensor) -> Path:
     """stored: the checkpoint's tensors in stored form with compact `embed.weight`/`head.weight`
-    rows ([Vt, D], in the order of `vocab_ids`) and no `tid2eid` tables."""
+    rows ([Vt, D], in the order of `vocab_ids`; FP8 ones with their `.scale`) and no `tid2eid`
+    tables."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    body = {n: t.contiguous() for n, t in stored.items() if n not in ("embed.weight", "head.weight")}
+    vocab_names = {f"{row}{suffix}": f"{row}{key}" for row in VOCAB_ROWS
+                   for suffix, key in ((".weight", ""), (SCALE_SUFFIX, ROW_SCALE_KEY))}
+    body = {n: t.contiguous() for n, t in stored.items() if n not in vocab_names}
     save_file(body, str(out / "body.safetensors"), metadata={"format": "pt"})
-    save_file({"ids": vocab_ids.to(torch.int32).contiguous(),
-               "embed": stored["embed.weight"].contiguous(), "head": stored["head.weight"].contiguous(),
+    rows = {key: stored[name].contiguous() for name, key in vocab_names.items() if name in stored}
+    save_file({"ids": vocab_ids.to(torch.int32).contiguous(), **rows,
                "hash_table": hash_table.to(torch.uint8).contiguous()},
               str(out / "vocab.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
@@ -85,8 +92,9 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     tensors = load_file(str(compact / "body.safetensors"))
     vocab = load_file(str(compact / "vocab.safetensors"))
     ids = vocab["ids"].to(torch.int64)
-    for name in ("embed", "head"):
-        tensors[f"{name}.weight"] = full_rows(vocab[name], ids, config.vocab_size)
+    for name in VOCAB_ROWS:
+        tensors[f"{name}.weight"] = full_rows(trained_rows(vocab, name), ids, config.vocab_size,
+                                                 torch.bfloat16)
     table = vocab["hash_table"].to(torch.int64)
     for name in expected_tensors(config):
         if name.endswith("gate.tid2eid"):
@@ -94,11 +102,19 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     return config_json, tensors
 
 
-def full_rows(trained: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[V, D] bf16: the trained rows at their ids, the mean of the trained rows everywhere else."""
-    mean = trained.float().mean(dim=0).to(trained.dtype)
+def trained_rows(vocab: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """float32 [Vt, D]: the trained `embed` or `head` rows of a loaded `vocab.safetensors`."""
+    return served_vocab_rows(vocab[name], vocab.get(name + ROW_SCALE_KEY))
+
+
+def full_rows(trained: torch.Tensor, ids: torch.Tensor, vocab_size: int,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[V, D] in `dtype` (default: the trained rows'): the trained rows at their ids (exact in
+    `dtype`), the mean of the trained rows everywhere else."""
+    dtype = dtype or trained.dtype
+    mean = trained.float().mean(dim=0).to(dtype)
     rows = mean.expand(vocab_size, -1).clone()
-    rows[ids] = trained
+    rows[ids] = trained.to(dtype)
     return rows
 
 

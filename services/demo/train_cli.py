@@ -218,7 +218,9 @@ def finish(trainer: Trainer, out_dir: Path, final_eval: FinalEval, install: bool
     heldout = [{"request": s.scene.request(s.examples[0].example),
                 "expected": dict(zip(("name", "arguments"), s.examples[0].example.expected_call))}
                for s in scenes]
-    (out_dir / export.HELDOUT_FILE).write_text(json.dumps(heldout, indent=1) + "\n")
+    # One prompt per line: 83 KB less than an indented dump, and still a line-wise diff.
+    lines = ",\n".join(json.dumps(entry) for entry in heldout)
+    (out_dir / export.HELDOUT_FILE).write_text(f"[\n{lines}\n]\n")
     stored = stored_tensors(trainer.params, trainer.vocab, trainer.specs, quantized=True)
     compact = export.write_compact(out_dir / "compact", demo_config_json(trainer.settings.layers),
                                    stored, trainer.vocab.ids, trainer.hash_table)

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from services.demo.export import trained_rows
 from services.demo.params import DemoParameters, storage_kind
 from services.demo.vocab import TrainedVocab
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec
@@ -50,7 +51,8 @@ def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, T
     if not set(stored_ids) <= set(vocab.ids.tolist()):
         raise ValueError(f"{compact_dir} was trained on another vocabulary "
                          f"({len(stored_ids)} ids, this run has {len(vocab)})")
-    embed, head = widened_rows(vocab, stored_ids, rows["embed"].float(), rows["head"].float())
+    embed, head = widened_rows(vocab, stored_ids, trained_rows(rows, "embed"),
+                               trained_rows(rows, "head"))
     masters = params.body_tensors()
     stored_layers = _stored_layers(compact_dir)
     if f"layers.{stored_layers - 1}.attn_norm.weight" not in masters:

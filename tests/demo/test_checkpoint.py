@@ -50,7 +50,8 @@ def test_untrained_rows_never_win_the_argmax(committed_vocab) -> None:
     """Every untrained head row is the mean of the trained rows, so its logit is the mean of the
     trained logits: below the largest one for any hidden state that does not tie them all."""
     ids = committed_vocab["ids"].to(torch.int64)
-    head = export.full_rows(committed_vocab["head"], ids, 129280).float()
+    head = export.full_rows(export.trained_rows(committed_vocab, "head"), ids, 129280,
+                            torch.bfloat16).float()
     untrained = torch.ones(129280, dtype=torch.bool)
     untrained[ids] = False
     generator = torch.Generator().manual_seed(0)

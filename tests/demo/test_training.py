@@ -11,7 +11,7 @@ import torch
 
 from services.demo import export
 from services.demo.architecture import demo_config_json
-from services.demo.params import model_tensors, stored_tensors
+from services.demo.params import model_tensors, served_vocab_rows, stored_tensors
 from services.demo.heldout_values import HeldOutValues
 from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main, parse_args, train_settings
@@ -202,7 +202,7 @@ def test_a_warm_start_from_a_checkpoint_with_ids_the_run_lacks_is_refused(tmp_pa
 
 def test_a_warm_start_with_composed_templates_keeps_the_stored_rows_and_adds_losing_ones(
         tmp_path: Path) -> None:
-    """The composed templates' words get rows: the checkpoint's rows come back bit-equal, and a
+    """The composed templates' words get rows: the checkpoint's rows serve bit-equal values, and a
     new id's head row is the mean of the stored ones, so its logit cannot win before training."""
     source = Trainer(tmp_path / "source", TINY_RUN)
     compact = _exported(source, tmp_path / "compact")
@@ -216,9 +216,13 @@ def test_a_warm_start_with_composed_templates_keeps_the_stored_rows_and_adds_los
         old_rows = stored_tensors(source.params, source.vocab, source.specs, quantized=True)
         new_rows = stored_tensors(wide.params, wide.vocab, wide.specs, quantized=True)
         kept = torch.tensor([new_ids.index(t) for t in old_ids])
-        for name in ("embed.weight", "head.weight"):
-            assert torch.equal(new_rows[name][kept], old_rows[name]), name
-        logits = torch.randn(64, new_rows["head.weight"].shape[1]) @ new_rows["head.weight"].float().T
+        new_served, old_served = ({name: served_vocab_rows(rows[f"{name}.weight"],
+                                                           rows[f"{name}.scale"])
+                                   for name in ("embed", "head")} for rows in (new_rows, old_rows))
+        for name, head in new_served.items():
+            assert torch.equal(head[kept], old_served[name]), name
+        head = new_served["head"]
+        logits = torch.randn(64, head.shape[1]) @ head.T
     assert bool((logits[:, added].max(dim=1).values <= logits[:, kept].max(dim=1).values).all())
 
 
