@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from services.demo.architecture import draft_config_json
 from services.demo.export import (COMPACT_DIR, COMPACT_FILES, PathLike, compact_digest, full_rows,
                                   full_tensors, write_checkpoint)
-from services.demo.params import quantize_for_storage, storage_kind
-from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec
+from services.demo.params import quantize_for_storage, storage_kind, store_parts
+from services.worker.model.checkpoint import TensorSpec
 from services.worker.model.tiny_checkpoint import cache_root, materialize_once
 
 DRAFT_FILE = "dspark.safetensors"
@@ -36,10 +36,7 @@ def write_draft(out_dir: PathLike, body: dict[str, torch.Tensor], markov_rows: l
     row sets, in the order of the target's trained ids."""
     stored: dict[str, torch.Tensor] = {}
     for name, weight in body.items():
-        parts = quantize_for_storage(storage_kind(name, specs), weight)
-        stored[name] = parts[0].contiguous()
-        if len(parts) == 2:
-            stored[name.removesuffix(".weight") + SCALE_SUFFIX] = parts[1].contiguous()
+        store_parts(stored, name, quantize_for_storage(storage_kind(name, specs), weight))
     for name, rows in zip(MARKOV, markov_rows):
         stored[name] = quantize_for_storage(storage_kind(name, specs), rows)[0].contiguous()
     path = Path(out_dir) / DRAFT_FILE

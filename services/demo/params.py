@@ -109,17 +109,21 @@ def stored_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str,
         kind = storage_kind(name, specs)
         if not quantized and kind in ("fp8", "fp4"):
             kind = "bf16"
-        parts = quantize_for_storage(kind, weight)
-        stored[name] = parts[0]
-        if len(parts) == 2:
-            stored[name.removesuffix(".weight") + SCALE_SUFFIX] = parts[1]
+        store_parts(stored, name, quantize_for_storage(kind, weight))
     rows_kind = "fp8_rows" if quantized else "bf16"
-    for name, rows in (("embed", params.embed_rows(vocab)), ("head", params.head_rows(vocab))):
-        parts = quantize_for_storage(rows_kind, rows)
-        stored[f"{name}.weight"] = parts[0]
-        if len(parts) == 2:
-            stored[name + SCALE_SUFFIX] = parts[1]
+    for name, rows in (("embed.weight", params.embed_rows(vocab)),
+                       ("head.weight", params.head_rows(vocab))):
+        store_parts(stored, name, quantize_for_storage(rows_kind, rows))
     return stored
+
+
+def store_parts(stored: dict[str, torch.Tensor], name: str, parts: tuple[torch.Tensor, ...]
+                ) -> None:
+    """`name` ← a stored form's values (`quantize_for_storage`), and its `.scale` companion
+    where it has one."""
+    stored[name] = parts[0].contiguous()
+    if len(parts) == 2:
+        stored[name.removesuffix(".weight") + SCALE_SUFFIX] = parts[1].contiguous()
 
 
 def hash_routing_table(config: ModelConfig, seed: int) -> torch.Tensor:
