@@ -4,7 +4,9 @@
     python -m bench.bench_demo_accuracy --url http://127.0.0.1:8000 [--count 100]
 
 The prompts are the committed held-out set (`services/demo/weights/heldout.json`: phrasings, names
-and values that never occur in training). Two modes, `tool_choice: "auto"` both times:
+and values that never occur in training). To choose among candidate models without wearing out
+that set, give `--heldout RUN/heldout.json --skip 100` of a run written with `--heldout-count 200`:
+its prompts 100-199 are held out the same way, and the first 100 stay for the figure reported. Two modes, `tool_choice: "auto"` both times:
 - `auto`: no tool is strict, so nothing constrains decoding — the model writes the DSML itself;
 - `strict`: every tool is strict, so a call the model starts is grammar-constrained.
 A prompt is right when the response has exactly one call, of the expected tool, whose arguments
@@ -21,6 +23,7 @@ import argparse
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,9 +44,13 @@ class Verdict:
     detail: str
 
 
-def load_heldout(count: int) -> list[dict[str, Any]]:
-    entries = json.loads((COMPACT_DIR / HELDOUT_FILE).read_text(encoding="utf-8"))
-    return entries[:count]
+def load_heldout(count: int, path: Path = COMPACT_DIR / HELDOUT_FILE, skip: int = 0
+                 ) -> list[dict[str, Any]]:
+    """Prompts skip … skip + count − 1 of `path`; fewer there is an error, not a smaller set."""
+    entries = json.loads(path.read_text(encoding="utf-8"))[skip:skip + count]
+    if len(entries) < count:
+        raise SystemExit(f"{path} holds {len(entries)} prompts after the first {skip}, not {count}")
+    return entries
 
 
 def request_body(entry: dict[str, Any], mode: str, model: str) -> dict[str, Any]:
@@ -148,12 +155,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="served model name (default: /v1/models)")
+    parser.add_argument("--heldout", type=Path, default=COMPACT_DIR / HELDOUT_FILE,
+                        help="held-out prompts (a run's heldout.json; default: the committed set)")
+    parser.add_argument("--skip", type=int, default=0, help="start after this many prompts")
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--show-failures", type=int, default=5)
     args = parser.parse_args()
     model = args.model or httpx.get(f"{args.url}/v1/models", trust_env=False).json()["data"][0]["id"]
-    entries = load_heldout(args.count)
+    entries = load_heldout(args.count, args.heldout, args.skip)
     for mode in MODES:
         before = spec_counters(args.url)
         verdicts = evaluate(args.url, model, entries, mode, args.workers)
