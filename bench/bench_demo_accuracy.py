@@ -6,7 +6,8 @@
 The prompts are the committed held-out set (`services/demo/weights/heldout.json`: phrasings, names
 and values that never occur in training). To choose among candidate models without wearing out
 that set, give `--heldout RUN/heldout.json --skip 100` of a run written with `--heldout-count 200`:
-its prompts 100-199 are held out the same way, and the first 100 stay for the figure reported. Two modes, `tool_choice: "auto"` both times:
+its prompts 100-199 are held out the same way, and the first 100 stay for the figure reported.
+Two modes, `tool_choice: "auto"` both times:
 - `auto`: no tool is strict, so nothing constrains decoding — the model writes the DSML itself;
 - `strict`: every tool is strict, so a call the model starts is grammar-constrained.
 A prompt is right when the response has exactly one call, of the expected tool, whose arguments
@@ -33,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.demo.export import COMPACT_DIR, HELDOUT_FILE
 
 MODES = ("auto", "strict")
+COMMITTED_HELDOUT = COMPACT_DIR / HELDOUT_FILE
 MAX_TOKENS = 256
 
 
@@ -44,8 +46,7 @@ class Verdict:
     detail: str
 
 
-def load_heldout(count: int, path: Path = COMPACT_DIR / HELDOUT_FILE, skip: int = 0
-                 ) -> list[dict[str, Any]]:
+def load_heldout(count: int, path: Path = COMMITTED_HELDOUT, skip: int = 0) -> list[dict[str, Any]]:
     """Prompts skip … skip + count − 1 of `path`; fewer there is an error, not a smaller set."""
     entries = json.loads(path.read_text(encoding="utf-8"))[skip:skip + count]
     if len(entries) < count:
@@ -155,7 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default=None, help="served model name (default: /v1/models)")
-    parser.add_argument("--heldout", type=Path, default=COMPACT_DIR / HELDOUT_FILE,
+    parser.add_argument("--heldout", type=Path, default=COMMITTED_HELDOUT,
                         help="held-out prompts (a run's heldout.json; default: the committed set)")
     parser.add_argument("--skip", type=int, default=0, help="start after this many prompts")
     parser.add_argument("--count", type=int, default=100)

@@ -22,4 +22,3 @@ def test_a_file_too_short_for_the_slice_is_an_error_not_a_smaller_set(tmp_path: 
     prompts = _write_prompts(tmp_path / "heldout.json", 150)
     with pytest.raises(SystemExit, match="holds 50 prompts after the first 100, not 100"):
         load_heldout(100, prompts, skip=100)
-
