@@ -68,6 +68,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-path-parts", action="store_true",
                         help="fresh paths are also built from the training lists' directory "
                              "names and file stems (\"/srv/log\", \"~/backup/notes\")")
+    parser.add_argument("--fresh-listed-names", type=float, default=defaults.fresh_listed_names,
+                        metavar="SHARE",
+                        help="that share of the fresh phase's city and person names are the "
+                             "training lists' real ones (\"Madrid\") instead of invented ones")
     parser.add_argument("--fresh-unknown-words", type=float, default=0.0, metavar="SHARE",
                         help="that share of the fresh phase's call requests gets 1-2 words "
                              "outside the trained vocabulary, the call unchanged")
@@ -145,7 +149,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_frames=args.fresh_frames, fresh_long_values=args.fresh_long_values,
         fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
-        fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads)
+        fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
+        fresh_listed_names=args.fresh_listed_names)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -25,8 +25,8 @@ from services.demo.random_drills import RandomDrills
 from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.state_file import write_state
 from services.demo.unknown_words import UnknownWords
-from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary, scan_training,
-                                 tie_structure)
+from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary,
+                                 listed_name_vocabulary, scan_training, tie_structure)
 from services.demo.warm_start import grown_names, load_compact
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
@@ -64,6 +64,8 @@ class Trainer:
         if settings.fresh_composed and not saved:
             ids = sorted({*ids, *composed_vocabulary(self.encoder,
                                                      wide=settings.fresh_composed_wide)})
+        if settings.fresh_listed_names and not saved:
+            ids = sorted({*ids, *listed_name_vocabulary(self.encoder)})
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))
@@ -83,7 +85,8 @@ class Trainer:
                                                long_values=settings.fresh_long_values,
                                                composed_share=settings.fresh_composed,
                                                composer=self._composer(),
-                                               path_parts=settings.fresh_path_parts)
+                                               path_parts=settings.fresh_path_parts,
+                                               listed_names=settings.fresh_listed_names)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
                               if settings.fresh_unknown_words else None)

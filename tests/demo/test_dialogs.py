@@ -13,7 +13,7 @@ from services.demo.dialogs import DialogGenerator
 from services.demo.encode import SceneEncoder
 from services.demo.evaluate import heldout_scenes
 from services.demo.tools import CATALOG
-from services.demo.vocab import scan_training, tie_structure
+from services.demo.vocab import listed_name_vocabulary, scan_training, tie_structure
 from services.frontend.dsml_parser import parse_completion
 
 
@@ -198,3 +198,28 @@ def test_path_parts_put_listed_names_inside_fresh_paths() -> None:
     assert {"data", "log", "config", "alice"} <= parts
     with pytest.raises(ValueError):
         DialogGenerator(1, False, path_parts=True)
+
+
+def test_listed_names_put_training_cities_and_people_into_fresh_requests(
+        encoder: SceneEncoder) -> None:
+    """With listed names, a share of the fresh phase's names are the training lists' real ones
+    (words the request may say as one spaced token and the call spells in other pieces), never
+    the held-out half's; the vocabulary then holds every listed name's tokens."""
+    def cities(generator: DialogGenerator) -> list[str]:
+        rng = random.Random(4)
+        return [generator.makers["city"](rng, False) for _ in range(400)]
+
+    listed, held = set(lists.pool("city", False)), set(lists.pool("city", True))
+    with_listed = cities(DialogGenerator(1, False, fresh=True, listed_names=0.5))
+    assert 150 < sum(c in listed for c in with_listed) < 250
+    assert not held & set(with_listed)
+    assert not listed & set(cities(DialogGenerator(1, False, fresh=True)))
+    rng = random.Random(5)
+    people = [DialogGenerator(1, False, fresh=True, listed_names=1.0).makers["full_name"](rng, False)
+              for _ in range(50)]
+    assert all(first in lists.pool("person", False) and last in lists.pool("surname", False)
+               for first, last in (p.split() for p in people))
+    vocabulary = set(listed_name_vocabulary(encoder))
+    assert {encoder.tokenizer.token_to_id("ĠMadrid")} | set(encoder.encode('"Madrid')) <= vocabulary
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, listed_names=0.3)
