@@ -104,6 +104,16 @@ class DialogGenerator:
             rng = random.Random(f"{self.seed}:{self.held_out}:drill:{index}")
             makes = [lambda: self._draw(self.makers[rng.choice(DRILL_VALUES)], rng)
                      ] * DRILLS_PER_STEP
+        return self._drills(rng, makes)
+
+    def listed_drill_scene(self, index: int, count: int) -> Scene:
+        """`count` drills of the training lists' real names (`fresh_values.listed_name`): a name
+        the request says as one spaced token (" Madrid") is answered in other pieces
+        ("Mad"+"rid"), which only a name-by-name spelling learnt in training gets right."""
+        rng = random.Random(f"{self.seed}:{self.held_out}:listed-drill:{index}")
+        return self._drills(rng, [lambda: self._draw(fresh_values.listed_name, rng)] * count)
+
+    def _drills(self, rng: random.Random, makes: list[Callable[[], str]]) -> Scene:
         examples = []
         for make in makes:
             value = make()

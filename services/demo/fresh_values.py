@@ -171,6 +171,11 @@ def _listed_or(kind: str, maker: Maker, share: float) -> Maker:
     return make
 
 
+def listed_name(rng: random.Random, held_out: bool = False) -> str:
+    """A city, first name or surname of the training lists."""
+    return rng.choice(pool(rng.choice(("city", "person", "surname")), False))
+
+
 def _listed_full_name(share: float) -> Maker:
     person, surname = _listed_or("person", name, share), _listed_or("surname", name, share)
     return lambda rng, held_out=False: f"{person(rng).split()[0]} {surname(rng).split()[0]}"

@@ -14,7 +14,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_composed": 0.0, "fresh_composed_wide": False,
                    "fresh_path_parts": False, "fresh_unknown_words": 0.0,
                    "fresh_word_values": False, "fresh_leading_heads": 0.0,
-                   "fresh_listed_names": 0.0,
+                   "fresh_listed_names": 0.0, "fresh_listed_drills": 0,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -96,6 +96,8 @@ class TrainSettings:
     # That share of the city and person names are the training lists' real ones, not invented
     # (fresh_values.with_listed_names).
     fresh_listed_names: float = 0.0
+    # Drills of those names per step ("Repeat after me: Madrid"; dialogs.listed_drill_scene).
+    fresh_listed_drills: int = 0
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
     fresh_unknown_words: float = 0.0
@@ -167,7 +169,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                 FRESH: ("long_drills", "key_weight", "fresh_examples", "fresh_random_drills",
                         "fresh_frames", "fresh_long_values", "fresh_composed",
                         "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words",
-                        "fresh_word_values", "fresh_leading_heads", "fresh_listed_names")}
+                        "fresh_word_values", "fresh_leading_heads", "fresh_listed_names",
+                        "fresh_listed_drills")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -72,6 +72,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         metavar="SHARE",
                         help="that share of the fresh phase's city and person names are the "
                              "training lists' real ones (\"Madrid\") instead of invented ones")
+    parser.add_argument("--fresh-listed-drills", type=int, default=defaults.fresh_listed_drills,
+                        metavar="COUNT",
+                        help="that many drills of the training lists' real names per fresh-phase "
+                             "step (\"Repeat after me: Madrid\")")
     parser.add_argument("--fresh-unknown-words", type=float, default=0.0, metavar="SHARE",
                         help="that share of the fresh phase's call requests gets 1-2 words "
                              "outside the trained vocabulary, the call unchanged")
@@ -150,7 +154,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
-        fresh_listed_names=args.fresh_listed_names)
+        fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

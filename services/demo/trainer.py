@@ -64,7 +64,7 @@ class Trainer:
         if settings.fresh_composed and not saved:
             ids = sorted({*ids, *composed_vocabulary(self.encoder,
                                                      wide=settings.fresh_composed_wide)})
-        if settings.fresh_listed_names and not saved:
+        if (settings.fresh_listed_names or settings.fresh_listed_drills) and not saved:
             ids = sorted({*ids, *listed_name_vocabulary(self.encoder)})
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
@@ -147,6 +147,9 @@ class Trainer:
             scenes += [*self.fresh_generator.training_scenes(
                 index, self.settings.fresh_examples, self.settings.long_drills),
                 self.random_drills.scene(index, self.settings.fresh_random_drills)]
+            if self.settings.fresh_listed_drills:
+                scenes.append(self.fresh_generator.listed_drill_scene(
+                    index, self.settings.fresh_listed_drills))
         elif phase != INDUCTION or self.settings.mixes_stream(index):
             scenes += self.generator.training_scenes(
                 index, self.settings.examples_per_scene,

@@ -223,3 +223,17 @@ def test_listed_names_put_training_cities_and_people_into_fresh_requests(
     assert {encoder.tokenizer.token_to_id("ĠMadrid")} | set(encoder.encode('"Madrid')) <= vocabulary
     with pytest.raises(ValueError):
         DialogGenerator(1, False, listed_names=0.3)
+
+
+def test_listed_drills_answer_a_spaced_name_in_its_bare_spelling(encoder: SceneEncoder) -> None:
+    """A listed drill's request says a training list's name and its answer is the name alone;
+    "Madrid" said after a space is one token, answered in other pieces (the respelling the
+    drills teach)."""
+    scene = DialogGenerator(1, False, fresh=True).listed_drill_scene(7, 40)
+    listed = {v for kind in ("city", "person", "surname") for v in lists.pool(kind, False)}
+    assert len(scene.examples) == 40
+    for example in scene.examples:
+        (value,) = example.copy_values
+        assert value in listed and example.target["content"] == value
+        assert value in example.messages[-1]["content"]
+    assert encoder.encode(" Madrid") != encoder.encode(" ") + encoder.encode("Madrid")
