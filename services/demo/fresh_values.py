@@ -171,9 +171,12 @@ def _listed_or(kind: str, maker: Maker, share: float) -> Maker:
     return make
 
 
+LISTED_NAME_KINDS = ("city", "person", "surname")
+
+
 def listed_name(rng: random.Random, held_out: bool = False) -> str:
     """A city, first name or surname of the training lists."""
-    return rng.choice(pool(rng.choice(("city", "person", "surname")), False))
+    return rng.choice(pool(rng.choice(LISTED_NAME_KINDS), False))
 
 
 def _listed_full_name(share: float) -> Maker:

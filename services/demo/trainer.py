@@ -25,7 +25,7 @@ from services.demo.random_drills import RandomDrills
 from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings, continues
 from services.demo.state_file import write_state
 from services.demo.unknown_words import UnknownWords
-from services.demo.vocab import (RowMap, TrainedVocab, composed_vocabulary,
+from services.demo.vocab import (VALUE_LEADS, RowMap, TrainedVocab, composed_vocabulary,
                                  listed_name_vocabulary, scan_training, tie_structure)
 from services.demo.warm_start import grown_names, load_compact
 from services.worker.model.checkpoint import expected_tensors
@@ -169,7 +169,7 @@ class Trainer:
     def _spelled_by_vocab(self, value: str) -> bool:
         """Whether the trained vocabulary has every token of `value` after a space and after a
         quote (how requests and calls spell it)."""
-        return all(self.vocab.covers(self.encoder.encode(lead + value)) for lead in " \"")
+        return all(self.vocab.covers(self.encoder.encode(lead + value)) for lead in VALUE_LEADS)
 
     def _holds_heldout_value(self, copied: list[str]) -> bool:
         """Whether a copy-phase value holds a held-out value: its stream is not part of the

@@ -16,12 +16,15 @@ import torch
 from services.demo.composed import Composer
 from services.demo.dialogs import FRAMED_SHARE, DialogGenerator
 from services.demo.encode import SPACE, SceneEncoder
+from services.demo.fresh_values import LISTED_NAME_KINDS
 from services.demo.lists import pool
 from services.demo.tools import CATALOG
 
 FILLER = "Paris"          # a value word the first phase trains: stands for every value
 COMPOSED_SAMPLES = 4000
-LISTED_NAME_KINDS = ("city", "person", "surname")
+# What comes before a value in a request ("in Madrid") and in a call (a quote): a value is
+# spelled with the vocabulary if it is after both.
+VALUE_LEADS = (" ", "\"")
 
 @dataclass(frozen=True)
 class TrainedVocab:
@@ -121,7 +124,7 @@ def listed_name_vocabulary(encoder: SceneEncoder) -> list[int]:
     them), and a value with an untrained token is redrawn, so without these rows those names
     would never be drawn."""
     return sorted({token for kind in LISTED_NAME_KINDS for name in pool(kind, False)
-                   for lead in (" ", "\"") for token in encoder.encode(lead + name)})
+                   for lead in VALUE_LEADS for token in encoder.encode(lead + name)})
 
 
 def _template_ids(encoder: SceneEncoder, composer: Composer, samples: int) -> set[int]:
