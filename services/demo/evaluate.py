@@ -89,7 +89,7 @@ def _share(flags: list[bool]) -> float:
 
 
 def _model_for(trainer, scenes: list[EncodedScene], quantized: bool):
-    """The model with rows for every token of `scenes` (untrained ones: the mean row)."""
+    """The model with rows for every token of `scenes` (untrained ones: as export.py gives them)."""
     seen = {t for s in scenes for e in s.examples for t in e.prompt_ids + e.completion_ids}
     rows = trainer.vocab.rows(sorted(seen - set(trainer.vocab.ids.tolist())))
     return trainer.model(quantized, rows), rows

@@ -10,8 +10,10 @@ draft from them needs to rebuild the same vocabulary and stream (draft.py).
 
 Expansion writes a complete DeepSeek-V4 checkpoint directory (`config.json`, one safetensors shard,
 its index, the tokenizer files) in which `embed.weight` and `head.weight` are [129280, D]: trained
-rows where trained, every other row the mean of the trained rows (see docs/demo-model.md: such a
-token's logit is the mean of the trained logits, so it never wins the argmax).
+rows where trained, every other `head` row the mean of the trained rows (see docs/demo-model.md:
+such a token's logit is the mean of the trained logits, so it never wins the argmax); an untrained
+token's `embed` and hash-routing rows are those of its stand-in, a trained spelling of the same
+word (standins.py), or the mean `embed` row where it has none.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.demo.params import served_vocab_rows
+from services.demo.standins import routing_ids, stand_ins, untrained_rows
 from services.demo.schedule import TrainSettings, saved_settings
 from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, expected_tensors
 from services.worker.model.config import ModelConfig
@@ -41,6 +44,9 @@ SHARD = "model.safetensors"
 VOCAB_ROWS = ("embed", "head")
 ROW_SCALE_KEY = "_scale"      # `vocab.safetensors` holds `embed_scale` next to FP8 `embed` rows
 PathLike = Union[str, Path]
+# Bumped whenever the same compact files expand into other tensors, so that a cached expansion
+# is not served in place of the new one. 2: untrained word tokens read as stand-ins (standins.py).
+EXPANSION_VERSION = 2
 
 
 def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.Tensor],
@@ -96,10 +102,22 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
         tensors[f"{name}.weight"] = full_rows(trained_rows(vocab, name), ids, config.vocab_size,
                                                  torch.bfloat16)
     table = vocab["hash_table"].to(torch.int64)
+    read_untrained_as_stand_ins(tensors, trained_rows(vocab, "embed"), tuple(ids.tolist()),
+                                table)
     for name in expected_tensors(config):
         if name.endswith("gate.tid2eid"):
             tensors[name] = table
     return config_json, tensors
+
+
+def read_untrained_as_stand_ins(tensors: dict[str, torch.Tensor], embed_rows: torch.Tensor,
+                                trained_ids: tuple[int, ...], table: torch.Tensor) -> None:
+    """Untrained word tokens take their stand-in's `embed` and hash-routing rows (standins.py);
+    `head` keeps the mean, so they still never win the argmax."""
+    untrained = sorted(stand_ins(trained_ids))
+    embed = tensors["embed.weight"]
+    embed[untrained] = untrained_rows(embed_rows, trained_ids, untrained).to(embed.dtype)
+    table[untrained] = table[routing_ids(trained_ids, untrained)]
 
 
 def trained_rows(vocab: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -140,7 +158,8 @@ def write_checkpoint(out_dir: PathLike, config_json: dict, tensors: dict[str, to
 
 def compact_digest(compact_dir: PathLike = COMPACT_DIR,
                    files: tuple[str, ...] = COMPACT_FILES) -> str:
-    digest = hashlib.sha256()
+    """The cache key of an expansion: the compact files and EXPANSION_VERSION."""
+    digest = hashlib.sha256(f"expansion {EXPANSION_VERSION}".encode())
     for name in files:
         digest.update((Path(compact_dir) / name).read_bytes())
     return digest.hexdigest()[:12]

@@ -12,6 +12,7 @@ import hashlib
 
 import torch
 
+from services.demo.standins import routing_ids, untrained_rows
 from services.demo.vocab import RowMap, TrainedVocab
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
@@ -83,19 +84,22 @@ def model_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, 
                   hash_table: torch.Tensor, quantized: bool, rows: RowMap
                   ) -> dict[str, torch.Tensor]:
     """Compact-vocabulary checkpoint tensors as the runtime loads them (float32, int64 tables),
-    with the rows of `rows`: untrained ids get the mean of the trained rows, as in the exported
-    checkpoint."""
+    with the rows of `rows`, as in the exported checkpoint: an untrained id's `embed` and routing
+    rows are its stand-in's (standins.py) or the mean `embed` row, its `head` row the mean."""
     body = params.body_tensors()
     tensors = fake_quantize_grouped(body, specs) if quantized else dict(body)
     fake = _fake_quantize if quantized else (lambda kind, w: w)
-    for name, trained in (("embed.weight", params.embed_rows(vocab)),
-                          ("head.weight", params.head_rows(vocab))):
-        trained = fake("fp8_rows", trained)
-        mean = trained.mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
-        tensors[name] = torch.cat([trained, fake("bf16", mean)])
+    trained_ids = tuple(vocab.ids.tolist())
+    embed = fake("fp8_rows", params.embed_rows(vocab))
+    tensors["embed.weight"] = torch.cat(
+        [embed, fake("bf16", untrained_rows(embed, trained_ids, rows.untrained))])
+    head = fake("fp8_rows", params.head_rows(vocab))
+    mean = head.mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
+    tensors["head.weight"] = torch.cat([head, fake("bf16", mean)])
+    routed = torch.tensor(routing_ids(trained_ids, rows.ids))
     for name in specs:
         if name.endswith("gate.tid2eid"):
-            tensors[name] = hash_table[torch.tensor(rows.ids)].to(torch.int64)
+            tensors[name] = hash_table[routed].to(torch.int64)
     return tensors
 
 

@@ -1,8 +1,9 @@
 """Words outside the trained vocabulary, put into training requests so that the model reads past them.
 
 A user types words the demo model never learnt ("list everything in …", "the latest stock price
-for …"): their tokens have no trained row, and their embedding is the mean of the trained rows
-(export.py), an input the model never saw while training. The step-3900 model copied "ZM" right
+for …"): their tokens have no trained row, and unless they are another spelling of a trained word
+(standins.py) their embedding is the mean of the trained rows (export.py), an input the model never
+saw while training. The step-3900 model copied "ZM" right
 from "I need the stock price for ZM." and wrong ("Z") from "I need the latest stock price for
 ZM." — only the untrained " latest" differs. With `share` > 0, that share of a step's call
 examples gets 1–2 such words inserted before words of its request (not before the first: its
@@ -11,7 +12,8 @@ value's boundary would become a guess); the target call is unchanged, so the mod
 an unknown word changes nothing.
 
 The words are the untrained whole-word tokens of the V4 vocabulary (a leading space, 3+ ASCII
-letters): all of them embed as the mean row, but the hash-routed layer sends each to its own
+letters) without a stand-in (standins.py: those read as a trained spelling of the same word, which
+may change the call): all of them embed as the mean row, but the hash-routed layer sends each to its own
 experts, as serving does.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import random
 
 from services.demo.encode import SPACE, EncodedExample, EncodedScene, SceneEncoder
+from services.demo.standins import stand_ins
 from services.demo.vocab import TrainedVocab
 from services.frontend.dsv4_tokens import ASSISTANT, USER
 
@@ -33,8 +36,9 @@ class UnknownWords:
         tokenizer = encoder.tokenizer
         self.user_id = tokenizer.token_to_id(USER)
         self.assistant_id = tokenizer.token_to_id(ASSISTANT)
+        readable = stand_ins(tuple(vocab.ids.tolist()))
         self.pool = [i for i in vocab.outside(list(range(tokenizer.get_vocab_size())))
-                     if _is_word(tokenizer.id_to_token(i))]
+                     if _is_word(tokenizer.id_to_token(i)) and i not in readable]
 
     def scenes(self, scenes: list[EncodedScene], index: int) -> list[EncodedScene]:
         """Step `index`'s scenes with unknown words in `share` of their call examples."""

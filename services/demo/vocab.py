@@ -37,7 +37,8 @@ class TrainedVocab:
         return int(self.ids.numel())
 
     def rows(self, untrained: list[int] = ()) -> "RowMap":
-        """The model's rows: the trained ids, then `untrained` ids (rows = mean of the trained)."""
+        """The model's rows: the trained ids, then `untrained` ids (rows as export.py gives them:
+        a stand-in's `embed` row or the mean, the mean `head` row)."""
         return RowMap(self.ids.tolist() + list(untrained), len(self))
 
     def covers(self, token_ids: list[int]) -> bool:

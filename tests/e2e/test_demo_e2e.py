@@ -1,7 +1,8 @@
 """The default model — the trained demo — through the whole stack, with no `logit_bias`: the
 operators' check passes, the trained chat answers come back, a strict call is schema-valid and
 closed by the model, a tool result is answered in the next turn, thinking mode reasons before its
-call, and a call cut by max_tokens is reported as `length`. Held-out accuracy is a figure of
+call, a word training never used is read as its trained spelling, and a call cut by max_tokens
+is reported as `length`. Held-out accuracy is a figure of
 `bench/bench_demo_accuracy.py`, not asserted here."""
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def test_a_tool_result_is_answered_in_the_next_turn(client, demo_stack) -> None:
     assert f'<｜DSML｜parameter name="city" string="true">{city}</｜DSML｜parameter>' in prompt
     assert "<tool_result>sunny, 21C</tool_result>" in prompt
     assert prompt.endswith("<｜Assistant｜></think>")
+
+
+LIST_FILES_TOOL = {"type": "function", "function": {
+    "name": "list_files", "description": "List files",
+    "parameters": {"type": "object",
+                   "properties": {"path": {"type": "string"}, "hidden": {"type": "boolean"}},
+                   "required": ["path"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("request_text, path", [
+    ("Show the directory ./src but skip hidden files.", "./src"),
+    ("List the files in ~/archive but skip hidden files.", "~/archive")])
+def test_a_word_training_never_used_is_read_as_its_trained_spelling(client, demo_stack,
+                                                                     request_text, path) -> None:
+    """Training said "skipping hidden files", never " skip": the expanded checkpoint gives
+    " skip" the row of " skipping" (services/demo/standins.py). With the mean row in its place
+    both requests came back with `hidden: true`, one with the path "./src but"."""
+    response = client.chat.completions.create(
+        model=demo_stack.served_model_name, temperature=0, max_tokens=120,
+        tools=[LIST_FILES_TOOL], messages=[{"role": "user", "content": request_text}],
+        extra_body={"chat_template_kwargs": {"thinking": False}})
+    (call,) = response.choices[0].message.tool_calls
+    assert call.function.name == "list_files"
+    assert json.loads(call.function.arguments) == {"path": path, "hidden": False}
 
 
 def test_thinking_mode_reasons_before_the_call(client, demo_stack) -> None:

@@ -1,0 +1,162 @@
+"""Stand-ins: the trained token an untrained word token is read as when the demo model is expanded.
+
+The demo model trains only the rows its data uses; every other token used to embed as the mean of
+the trained rows, an input no training step ever showed the model. A user's word is often another
+spelling of a trained one: ` skip` where training said ` skipping`, ` everything` next to
+` every`, `Which` next to ` which`, the request's ` mon` (with its space) of an e-mail address whose
+call writes the trained `mon`. Expansion gives such a token the `embed` row and the hash-routing
+row of its stand-in, so the model reads the word it knows. The `head` row stays the mean, so an
+untrained token still never wins the argmax (export.py).
+
+A stand-in is, in this order of preference: the same letters with another case or leading space;
+else, for words of MIN_STEM_CHARS letters or more, the shortest trained word that extends the word
+(` skip` → ` skipping`); else the longest trained word of MIN_STEM_CHARS letters or more that the
+word extends (` everything` → ` every`). Ties go to the same leading space, then the same case,
+then the lower id. When the stand-in's leading space differs, the mean difference between trained
+spaced tokens and their bare twins is added or taken away (the tie structure of vocab.py builds a
+spaced row from its bare twin's base and one shared space vector).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from tokenizers import Tokenizer
+
+from services.demo.encode import SPACE, SceneEncoder
+
+MIN_STEM_CHARS = 4
+
+
+@dataclass(frozen=True)
+class Spelling:
+    token_id: int
+    spaced: bool
+    word: str             # the letters, case kept
+
+    @property
+    def key(self) -> str:
+        return self.word.lower()
+
+
+@dataclass(frozen=True)
+class StandIn:
+    reads_as: int         # the trained token whose rows the untrained one takes
+    space_sign: int       # +1: add the space offset, -1: take it away, 0: the rows as they are
+
+
+@lru_cache(maxsize=4)
+def stand_ins(trained_ids: tuple[int, ...]) -> dict[int, StandIn]:
+    """The stand-in of every untrained alphabetic token of the V4 vocabulary that has one."""
+    tokenizer = _tokenizer()
+    by_key: dict[str, list[Spelling]] = {}
+    for token_id in trained_ids:
+        spelling = _spelling(tokenizer, token_id)
+        if spelling is not None:
+            by_key.setdefault(spelling.key, []).append(spelling)
+    finder = _Finder(by_key)
+    trained = set(trained_ids)
+    found = {}
+    for token_id in range(tokenizer.get_vocab_size()):
+        spelling = None if token_id in trained else _spelling(tokenizer, token_id)
+        match = finder.find(spelling) if spelling is not None else None
+        if match is not None:
+            found[token_id] = StandIn(match.token_id, int(spelling.spaced) - int(match.spaced))
+    return found
+
+
+def untrained_rows(trained: torch.Tensor, trained_ids: tuple[int, ...], token_ids: list[int]
+                   ) -> torch.Tensor:
+    """[len(token_ids), D] float32 `embed` rows of untrained tokens: the stand-in's row (shifted
+    by the space offset where the leading space differs), else the mean of the trained rows.
+    `trained` holds the trained rows in the order of `trained_ids`; gradients flow into it."""
+    if not token_ids:
+        return trained.new_zeros((0, trained.shape[1]))
+    found = stand_ins(trained_ids)
+    row_of = _row_of(trained_ids)
+    offset = space_offset(trained, trained_ids)
+    mean = trained.mean(dim=0)
+    return torch.stack([trained[row_of[found[t].reads_as]] + found[t].space_sign * offset
+                        if t in found else mean for t in token_ids])
+
+
+def routing_ids(trained_ids: tuple[int, ...], token_ids: list[int]) -> list[int]:
+    """The ids whose hash-routing rows `token_ids` take: a stand-in's for an untrained token that
+    has one, its own otherwise."""
+    found = stand_ins(trained_ids)
+    return [found[t].reads_as if t in found else t for t in token_ids]
+
+
+def space_offset(trained: torch.Tensor, trained_ids: tuple[int, ...]) -> torch.Tensor:
+    """[D]: the mean of row(` w`) − row(`w`) over the trained spaced tokens whose bare twin is
+    trained; zero without such pairs."""
+    spaced, bare = _space_pairs(trained_ids)
+    if not spaced:
+        return trained.new_zeros(trained.shape[1])
+    return (trained[list(spaced)] - trained[list(bare)]).mean(dim=0)
+
+
+@lru_cache(maxsize=4)
+def _space_pairs(trained_ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Row indices of the trained spaced tokens and of their trained bare twins."""
+    tokenizer = _tokenizer()
+    row_of = _row_of(trained_ids)
+    pairs = [(row_of[t], row_of[bare]) for t in trained_ids
+             if tokenizer.id_to_token(t).startswith(SPACE)
+             and (bare := tokenizer.token_to_id(tokenizer.id_to_token(t)[1:])) in row_of]
+    return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+
+@lru_cache(maxsize=4)
+def _row_of(trained_ids: tuple[int, ...]) -> dict[int, int]:
+    return {token_id: row for row, token_id in enumerate(trained_ids)}
+
+
+@lru_cache(maxsize=1)
+def _tokenizer() -> Tokenizer:
+    return SceneEncoder().tokenizer
+
+
+class _Finder:
+    def __init__(self, by_key: dict[str, list[Spelling]]):
+        self.by_key = by_key
+        self.keys = sorted(by_key)
+
+    def find(self, spelling: Spelling) -> Spelling | None:
+        key = spelling.key
+        if key in self.by_key:
+            return _closest(self.by_key[key], spelling)
+        if len(key) < MIN_STEM_CHARS:
+            return None
+        longer = self._extensions(key)
+        if longer:
+            return _closest(self.by_key[min(longer, key=len)], spelling)
+        for end in range(len(key) - 1, MIN_STEM_CHARS - 1, -1):
+            if key[:end] in self.by_key:
+                return _closest(self.by_key[key[:end]], spelling)
+        return None
+
+    def _extensions(self, key: str) -> list[str]:
+        start = bisect.bisect_right(self.keys, key)
+        found = []
+        for other in self.keys[start:]:
+            if not other.startswith(key):
+                break
+            found.append(other)
+        return found
+
+
+def _closest(spellings: list[Spelling], spelling: Spelling) -> Spelling:
+    return min(spellings, key=lambda s: (s.spaced != spelling.spaced, s.word[0] != spelling.word[0],
+                                         s.token_id))
+
+
+def _spelling(tokenizer: Tokenizer, token_id: int) -> Spelling | None:
+    text = tokenizer.id_to_token(token_id)
+    spaced = text.startswith(SPACE)
+    word = text[1:] if spaced else text
+    if not (word.isascii() and word.isalpha()):
+        return None
+    return Spelling(token_id, spaced, word)
