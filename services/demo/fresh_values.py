@@ -190,3 +190,31 @@ def with_listed_names(makers: dict[str, Maker], share: float) -> dict[str, Maker
     return {**makers, "city": _listed_or("city", makers["city"], share),
             "person": _listed_or("person", makers["person"], share),
             "full_name": _listed_full_name(share)}
+
+
+# Short options: a share of commands are a listed command's name with 1–2 option letters ("df -k",
+# "free -g", "uname -m"). The training list spells each command one way ("df -h", also the answer
+# to "Show disk usage"), so run H3 wrote the held-out "df -i" as "df -h" (3 of 200 held-out
+# prompts): the option came with the name, recalled rather than copied. A drawn command that holds
+# a held-out one ("df -i") is refused like any held-out value (heldout_values.py).
+SHORT_OPTION_SHARE = 0.3
+
+
+@cache
+def command_names() -> list[str]:
+    """The first words of the training list's commands."""
+    return sorted({entry.split()[0] for entry in pool("command", False)})
+
+
+def short_option_command(rng: random.Random, held_out: bool = False) -> str:
+    options = "".join(rng.sample(string.ascii_lowercase, rng.randint(1, 2)))
+    return f"{rng.choice(command_names())} -{options}"
+
+
+def with_short_options(makers: dict[str, Maker]) -> dict[str, Maker]:
+    """`makers` whose commands are, in SHORT_OPTION_SHARE of draws, `short_option_command`."""
+    command = makers["command"]
+
+    def make(rng: random.Random, held_out: bool = False) -> str:
+        return short_option_command(rng) if rng.random() < SHORT_OPTION_SHARE else command(rng)
+    return {**makers, "command": make}

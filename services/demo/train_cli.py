@@ -68,6 +68,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-path-parts", action="store_true",
                         help="fresh paths are also built from the training lists' directory "
                              "names and file stems (\"/srv/log\", \"~/backup/notes\")")
+    parser.add_argument("--fresh-short-options", action="store_true",
+                        help="a share of fresh commands are a listed command with short options "
+                             "(\"df -k\", \"uname -m\")")
     parser.add_argument("--fresh-listed-names", type=float, default=defaults.fresh_listed_names,
                         metavar="SHARE",
                         help="that share of the fresh phase's city and person names are the "
@@ -154,7 +157,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_composed=args.fresh_composed, fresh_composed_wide=args.fresh_composed_wide,
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
-        fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills)
+        fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
+        fresh_short_options=args.fresh_short_options)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -86,7 +86,8 @@ class Trainer:
                                                composed_share=settings.fresh_composed,
                                                composer=self._composer(),
                                                path_parts=settings.fresh_path_parts,
-                                               listed_names=settings.fresh_listed_names)
+                                               listed_names=settings.fresh_listed_names,
+                                               short_options=settings.fresh_short_options)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
                               if settings.fresh_unknown_words else None)

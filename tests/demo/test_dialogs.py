@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import jsonschema
 import pytest
@@ -198,6 +199,23 @@ def test_path_parts_put_listed_names_inside_fresh_paths() -> None:
     assert {"data", "log", "config", "alice"} <= parts
     with pytest.raises(ValueError):
         DialogGenerator(1, False, path_parts=True)
+
+
+def test_short_options_give_listed_commands_options_the_list_never_spells() -> None:
+    """With short options, a share of fresh commands is a listed command's name with 1–2 option
+    letters ("df -k"), options the training list never gives it; without them no command is."""
+    def new_spellings(generator: DialogGenerator) -> list[str]:
+        rng = random.Random(6)
+        commands = [generator.makers["command"](rng, False) for _ in range(300)]
+        listed = set(lists.pool("command", False))
+        names = "|".join(fresh_values.command_names())
+        return [c for c in commands
+                if re.fullmatch(rf"({names}) -[a-z]{{1,2}}", c) and c not in listed]
+
+    assert 60 < len(new_spellings(DialogGenerator(1, False, fresh=True, short_options=True))) < 120
+    assert not new_spellings(DialogGenerator(1, False, fresh=True))
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, short_options=True)
 
 
 def test_listed_names_put_training_cities_and_people_into_fresh_requests(
