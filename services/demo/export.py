@@ -28,8 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.demo.params import served_vocab_rows
-from services.demo.standins import routing_ids, stand_ins, untrained_rows
 from services.demo.schedule import TrainSettings, saved_settings
+from services.demo.standins import routing_ids, stand_ins, untrained_rows
 from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
@@ -98,12 +98,11 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     tensors = load_file(str(compact / "body.safetensors"))
     vocab = load_file(str(compact / "vocab.safetensors"))
     ids = vocab["ids"].to(torch.int64)
+    rows = {name: trained_rows(vocab, name) for name in VOCAB_ROWS}
     for name in VOCAB_ROWS:
-        tensors[f"{name}.weight"] = full_rows(trained_rows(vocab, name), ids, config.vocab_size,
-                                                 torch.bfloat16)
+        tensors[f"{name}.weight"] = full_rows(rows[name], ids, config.vocab_size, torch.bfloat16)
     table = vocab["hash_table"].to(torch.int64)
-    read_untrained_as_stand_ins(tensors, trained_rows(vocab, "embed"), tuple(ids.tolist()),
-                                table)
+    read_untrained_as_stand_ins(tensors, rows["embed"], tuple(ids.tolist()), table)
     for name in expected_tensors(config):
         if name.endswith("gate.tid2eid"):
             tensors[name] = table

@@ -72,14 +72,15 @@ def untrained_rows(trained: torch.Tensor, trained_ids: tuple[int, ...], token_id
     """[len(token_ids), D] float32 `embed` rows of untrained tokens: the stand-in's row (shifted
     by the space offset where the leading space differs), else the mean of the trained rows.
     `trained` holds the trained rows in the order of `trained_ids`; gradients flow into it."""
-    if not token_ids:
-        return trained.new_zeros((0, trained.shape[1]))
     found = stand_ins(trained_ids)
     row_of = _row_of(trained_ids)
-    offset = space_offset(trained, trained_ids)
-    mean = trained.mean(dim=0)
-    return torch.stack([trained[row_of[found[t].reads_as]] + found[t].space_sign * offset
-                        if t in found else mean for t in token_ids])
+    mean_row = len(trained_ids)          # the index of the mean in `choices`
+    choices = torch.cat([trained, trained.mean(dim=0, keepdim=True)])
+    sources = torch.tensor([row_of[found[t].reads_as] if t in found else mean_row
+                            for t in token_ids], dtype=torch.int64)
+    signs = torch.tensor([found[t].space_sign if t in found else 0 for t in token_ids],
+                         dtype=trained.dtype)
+    return choices[sources] + signs[:, None] * space_offset(trained, trained_ids)
 
 
 def routing_ids(trained_ids: tuple[int, ...], token_ids: list[int]) -> list[int]:
