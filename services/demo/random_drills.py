@@ -1,7 +1,9 @@
 """Copy drills of random token strings: the induction phase's data.
 
 A value is 2–8 ids drawn uniformly from the trained vocabulary's word-like rows (letters and
-digits, with or without a leading space), decoded to text. Nothing about such a string can be
+digits, with or without a leading space), decoded to text; with a slash share, that share of the
+ids after the first are slash-merged path pieces instead ("/data", "/c": BPE merges a slash with
+the letters after it), which word-like rows leave out. Nothing about such a string can be
 recalled from training — each one is new — so only copying the prompt's tokens gets it right: the
 data on which small transformers form induction (copy) heads. A string is kept only if the
 prompt's tokenization spells it with exactly the drawn ids (BPE may merge neighbours), so the
@@ -39,22 +41,25 @@ class RandomDrills:
         trained = set(vocab.ids.tolist())
         texts = {i: encoder.tokenizer.id_to_token(i) for i in sorted(trained)}
         self.pieces = [i for i, t in texts.items() if _word_like(t.removeprefix(SPACE))]
+        self.slash_pieces = [i for i, t in texts.items()
+                             if t.startswith("/") and _word_like(t[1:])]
         # A value's first token follows a space in the prompt and loses it in the completion
         # (encode.py): both forms must be trained.
         self.firsts = [i for i in self.pieces if texts[i].startswith(SPACE)
                        and encoder.tokenizer.token_to_id(texts[i][1:]) in trained]
 
-    def scene(self, index: int, count: int, held_out: bool = False, repeats: bool = False
-              ) -> Scene:
+    def scene(self, index: int, count: int, held_out: bool = False, repeats: bool = False,
+              slash_share: float = 0.0) -> Scene:
         """`count` drills "Repeat after me: <random string>" answered by the string (no tools,
         chat mode: the completion is the copied tokens and the token that ends the turn); none
         if the vocabulary has no word-like token in both its spaced and bare forms. With
-        `repeats`, every string of 3 tokens or more repeats one of its earlier tokens."""
+        `repeats`, every string of 3 tokens or more repeats one of its earlier tokens; with
+        `slash_share`, that share of the tokens after the first are slash-merged pieces."""
         tag = "repeat-drill" if repeats else "random-drill"
         rng = random.Random(f"{self.seed}:{held_out}:{tag}:{index}")
         examples = []
         for _ in range(count if self.firsts else 0):
-            user, value = self._request(rng, repeats)
+            user, value = self._request(rng, repeats, slash_share)
             examples.append(Example("chat", [{"role": "user", "content": user}],
                                     {"role": "assistant", "content": value}, False, [value]))
         return Scene(None, [], examples)
@@ -73,9 +78,13 @@ class RandomDrills:
         return Scene(rng.choice(SYSTEM_PROMPTS), tools,
                      [generator.call_example(rng, specs[k], tools[k]) for k in chosen])
 
-    def _request(self, rng: random.Random, repeats: bool = False) -> tuple[str, str]:
+    def _request(self, rng: random.Random, repeats: bool = False, slash_share: float = 0.0
+                 ) -> tuple[str, str]:
         while True:
             ids = self._ids(rng, self.firsts, self.pieces, repeats)
+            if slash_share and self.slash_pieces:
+                ids[1:] = [rng.choice(self.slash_pieces) if rng.random() < slash_share else i
+                           for i in ids[1:]]
             value = self.encoder.tokenizer.decode(ids)[1:]
             user = rng.choice(REPEAT_PROMPTS).format(value=value)
             if contains_run(self.encoder.encode(user), ids):

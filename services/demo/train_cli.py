@@ -71,6 +71,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-short-options", action="store_true",
                         help="a share of fresh commands are a listed command with short options "
                              "(\"df -k\", \"uname -m\")")
+    parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
+                        metavar="SHARE",
+                        help="that share of a fresh random drill's tokens after the first are "
+                             "slash-merged path pieces (\"/data\", \"/c\")")
     parser.add_argument("--fresh-listed-names", type=float, default=defaults.fresh_listed_names,
                         metavar="SHARE",
                         help="that share of the fresh phase's city and person names are the "
@@ -158,7 +162,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
-        fresh_short_options=args.fresh_short_options)
+        fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

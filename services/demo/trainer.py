@@ -147,7 +147,8 @@ class Trainer:
         if phase == FRESH:
             scenes += [*self.fresh_generator.training_scenes(
                 index, self.settings.fresh_examples, self.settings.long_drills),
-                self.random_drills.scene(index, self.settings.fresh_random_drills)]
+                self.random_drills.scene(index, self.settings.fresh_random_drills,
+                                         slash_share=self.settings.fresh_slash_pieces)]
             if self.settings.fresh_listed_drills:
                 scenes.append(self.fresh_generator.listed_drill_scene(
                     index, self.settings.fresh_listed_drills))

@@ -103,3 +103,18 @@ def test_a_warm_started_span_phase_runs_on_its_own_warm_up_after_the_copy_phase(
     saved = vars(settings)
     assert continues(saved, settings, 725)
     assert not continues({**saved, "span_calls": 4}, settings, 725)
+
+
+def test_a_slash_share_puts_slash_merged_path_pieces_in_drills_copied_token_for_token(
+        drills: RandomDrills) -> None:
+    """The word-like pieces leave out "/data" and "/c"; with a slash share the drills copy them,
+    and without one the drills are the stream the committed runs learnt from."""
+    slash = set(drills.slash_pieces)
+    assert {drills.encoder.tokenizer.token_to_id(t) for t in ("/data", "/c")} <= slash
+    scene = drills.encoder.scene(drills.scene(6, 40, slash_share=0.25))
+    copied = [item.completion_ids[:-1] for item in scene.examples]
+    assert all(contains_run(item.prompt_ids, ids[1:]) for item, ids in zip(scene.examples, copied))
+    assert sum(t in slash for ids in copied for t in ids) > 20
+    assert not slash & {t for e in drills.encoder.scene(drills.scene(6, 40)).examples
+                        for t in e.completion_ids}
+    assert drills.scene(6, 40, slash_share=0.0) == drills.scene(6, 40)

@@ -240,13 +240,15 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--fresh-unknown-words", "0.5", "--fresh-composed", "0.5",
                        "--fresh-word-values", "--fresh-leading-heads", "0.5", "--layers", "5",
                        "--grown-learning-rate-scale", "10", "--fresh-listed-names", "0.3",
-                       "--fresh-listed-drills", "32"])
+                       "--fresh-listed-drills", "32", "--fresh-short-options",
+                       "--fresh-slash-pieces", "0.25"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
     assert settings.fresh_word_values and settings.fresh_leading_heads == 0.5
     assert settings.key_weight == 6 and settings.fresh_listed_names == 0.3
     assert settings.fresh_listed_drills == 32
+    assert settings.fresh_short_options and settings.fresh_slash_pieces == 0.25
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -256,5 +258,6 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_leading_heads=0.0), started)
     assert not continues(asdict(settings), replace(settings, fresh_listed_names=0.0), started)
     assert not continues(asdict(settings), replace(settings, fresh_listed_drills=0), started)
+    assert not continues(asdict(settings), replace(settings, fresh_slash_pieces=0.0), started)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
