@@ -111,7 +111,8 @@ def test_the_fresh_phase_follows_the_others_on_a_schedule_of_its_own() -> None:
 
 def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: Path) -> None:
     settings = TrainSettings(steps=1, examples_per_scene=2, copy_steps=0, fresh_steps=2,
-                             fresh_examples=3, fresh_random_drills=4, long_drills=2)
+                             fresh_examples=3, fresh_random_drills=4, long_drills=2,
+                             fresh_slash_pieces=0.25)
     trainer = Trainer(tmp_path, settings)
     # As above: a one-scene vocabulary, so the fresh stream is asked for and scene 0 given.
     asked = []
@@ -119,9 +120,12 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
     trainer.fresh_generator.training_scenes = (
         lambda index, examples, drills: asked.append((index, examples, drills))
         or stream(0, examples, 0))
+    drills = trainer.random_drills.scene
+    trainer.random_drills.scene = (
+        lambda index, count, slash_share: asked.append(slash_share) or drills(index, count))
     trainer._heldout_values = HeldOutValues((), False)
     sizes = [len(s.examples) for s in trainer.training_scenes(1)]
-    assert asked == [(1, 3, 2)] and sizes[-1] == 4 and len(sizes) > 1
+    assert asked == [(1, 3, 2), 0.25] and sizes[-1] == 4 and len(sizes) > 1
     assert trainer.fresh_generator.makers is not trainer.generator.makers
 
 
