@@ -51,7 +51,8 @@ class DialogGenerator:
                  accepts: Optional[Callable[[str], bool]] = None, frames: bool = False,
                  long_values: bool = False, composed_share: float = 0.0,
                  composer: Optional[Composer] = None, path_parts: bool = False,
-                 listed_names: float = 0.0, short_options: bool = False):
+                 listed_names: float = 0.0, short_options: bool = False,
+                 slash_ends: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
@@ -63,7 +64,9 @@ class DialogGenerator:
         training lists' directory names and file stems too (`fresh_values.with_path_parts`);
         `listed_names` (with `fresh`) is the share of city and person names drawn from the
         training lists (`fresh_values.with_listed_names`); `short_options` (with `fresh`) gives a
-        share of commands short options (`fresh_values.with_short_options`)."""
+        share of commands short options (`fresh_values.with_short_options`); `slash_ends` (with
+        `fresh`) ends a share of directories with a slash-merged piece
+        (`fresh_values.with_slash_ends`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         if composed_share and held_out:
@@ -72,9 +75,10 @@ class DialogGenerator:
         self.held_out = held_out
         self.thinking_share = thinking_share
         self.strings = strings
-        if (long_values or path_parts or listed_names or short_options) and not fresh:
-            raise ValueError("long values, path parts, listed names and short options are fresh "
-                             "values")
+        if (long_values or path_parts or listed_names or short_options or slash_ends
+                ) and not fresh:
+            raise ValueError("long values, path parts, listed names, short options and slash "
+                             "ends are fresh values")
         self.makers = (fresh_values.LONG_MAKERS if long_values else
                        fresh_values.MAKERS if fresh else values.MAKERS)
         if path_parts:
@@ -83,6 +87,8 @@ class DialogGenerator:
             self.makers = fresh_values.with_listed_names(self.makers, listed_names)
         if short_options:
             self.makers = fresh_values.with_short_options(self.makers)
+        if slash_ends:
+            self.makers = fresh_values.with_slash_ends(self.makers)
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames

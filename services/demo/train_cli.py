@@ -71,6 +71,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-short-options", action="store_true",
                         help="a share of fresh commands are a listed command with short options "
                              "(\"df -k\", \"uname -m\")")
+    parser.add_argument("--fresh-slash-ends", action="store_true",
+                        help="a share of fresh directories end with a word BPE merges with the "
+                             "slash before it (\"/srv/log/config\")")
     parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
                         metavar="SHARE",
                         help="that share of a fresh random drill's tokens after the first are "
@@ -162,7 +165,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_path_parts=args.fresh_path_parts, fresh_unknown_words=args.fresh_unknown_words,
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
-        fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces)
+        fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
+        fresh_slash_ends=args.fresh_slash_ends)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -87,7 +87,8 @@ class Trainer:
                                                composer=self._composer(),
                                                path_parts=settings.fresh_path_parts,
                                                listed_names=settings.fresh_listed_names,
-                                               short_options=settings.fresh_short_options)
+                                               short_options=settings.fresh_short_options,
+                                               slash_ends=settings.fresh_slash_ends)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
                               if settings.fresh_unknown_words else None)

@@ -218,6 +218,26 @@ def test_short_options_give_listed_commands_options_the_list_never_spells() -> N
         DialogGenerator(1, False, short_options=True)
 
 
+def test_slash_ends_end_fresh_directories_and_paths_with_a_slash_merged_piece(
+        encoder: SceneEncoder) -> None:
+    """With slash ends, a share of fresh directories and paths end with a piece BPE merges with
+    the slash before it ("/srv/log/config" ends in `/config`), as the held-out /srv/data does;
+    without them a path ends with a file name, and a directory with such a piece less often."""
+    def slash_ended(generator: DialogGenerator, kind: str) -> int:
+        rng = random.Random(7)
+        made = [generator.makers[kind](rng, False) for _ in range(300)]
+        last = [encoder.tokenizer.id_to_token(encoder.encode(" " + m)[-1]) for m in made]
+        return sum(bool(re.fullmatch(r"/[a-z]+", token)) for token in last)
+
+    ends = DialogGenerator(1, False, fresh=True, path_parts=True, slash_ends=True)
+    plain = DialogGenerator(1, False, fresh=True, path_parts=True)
+    assert slash_ended(plain, "path") == 0 and 100 < slash_ended(ends, "path") < 160
+    assert slash_ended(ends, "directory") > 2 * slash_ended(plain, "directory") + 30
+    assert {"data", "config", "log"} <= set(fresh_values.slash_end_words())
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, slash_ends=True)
+
+
 def test_listed_names_put_training_cities_and_people_into_fresh_requests(
         encoder: SceneEncoder) -> None:
     """With listed names, a share of the fresh phase's names are the training lists' real ones
