@@ -65,7 +65,7 @@ class DialogGenerator:
         `listed_names` (with `fresh`) is the share of city and person names drawn from the
         training lists (`fresh_values.with_listed_names`); `short_options` (with `fresh`) gives a
         share of commands short options (`fresh_values.with_short_options`); `slash_ends` (with
-        `fresh`) ends a share of directories with a slash-merged piece
+        `fresh`) ends a share of directories and paths with a slash-merged piece
         (`fresh_values.with_slash_ends`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")

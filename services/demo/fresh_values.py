@@ -222,10 +222,10 @@ def with_short_options(makers: dict[str, Maker]) -> dict[str, Maker]:
 
 
 # Slash ends: a share of directories and paths end with a word that BPE merges with the slash
-# before it ("/srv/log/config": `/config`). Paths end with a file name, so of the slash-merged pieces in
-# 300 steps of fresh values 30 of 2,341 end one (in the listed values' stream 40 of 1,551; with
-# slash ends 444 of 2,532), and run H3 writes a directory that ends in one with the piece twice
-# (`/srv/config/config`, the held-out `/srv/data` as `/srv/data/data`).
+# before it ("/srv/log/config": `/config`). Paths end with a file name, so of the slash-merged
+# pieces in 300 steps of fresh values 30 of 2,341 end one (in the listed values' stream 40 of
+# 1,551; with slash ends 444 of 2,532), and run H3 writes a directory that ends in one with the
+# piece twice (`/srv/config/config`, the held-out `/srv/data` as `/srv/data/data`).
 SLASH_END_SHARE = 0.4
 
 
@@ -245,7 +245,7 @@ def with_slash_ends(makers: dict[str, Maker]) -> dict[str, Maker]:
     def slash_end(maker: Maker) -> Maker:
         def make(rng: random.Random, held_out: bool = False) -> str:
             if rng.random() < SLASH_END_SHARE:
-                return f"{directory_maker(rng).rstrip('/')}/{rng.choice(slash_end_words())}"
+                return f"{directory_maker(rng)}/{rng.choice(slash_end_words())}"
             return maker(rng)
         return make
     return {**makers, "directory": slash_end(directory_maker), "path": slash_end(makers["path"])}

@@ -106,7 +106,7 @@ class TrainSettings:
     # That share of a fresh random drill's tokens after the first are slash-merged path pieces
     # ("/data"; random_drills.RandomDrills.scene).
     fresh_slash_pieces: float = 0.0
-    # With `fresh_slash_ends`, a share of directories end with a slash-merged piece
+    # With `fresh_slash_ends`, a share of directories and paths end with a slash-merged piece
     # ("/srv/log/config"; fresh_values.with_slash_ends).
     fresh_slash_ends: bool = False
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its

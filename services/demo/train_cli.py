@@ -72,8 +72,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="a share of fresh commands are a listed command with short options "
                              "(\"df -k\", \"uname -m\")")
     parser.add_argument("--fresh-slash-ends", action="store_true",
-                        help="a share of fresh directories end with a word BPE merges with the "
-                             "slash before it (\"/srv/log/config\")")
+                        help="a share of fresh directories and paths end with a word BPE merges "
+                             "with the slash before it (\"/srv/log/config\")")
     parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
                         metavar="SHARE",
                         help="that share of a fresh random drill's tokens after the first are "
