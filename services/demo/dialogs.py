@@ -52,7 +52,7 @@ class DialogGenerator:
                  long_values: bool = False, composed_share: float = 0.0,
                  composer: Optional[Composer] = None, path_parts: bool = False,
                  listed_names: float = 0.0, short_options: bool = False,
-                 slash_ends: bool = False):
+                 slash_ends: bool = False, letter_starts: bool = False):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
@@ -66,7 +66,9 @@ class DialogGenerator:
         training lists (`fresh_values.with_listed_names`); `short_options` (with `fresh`) gives a
         share of commands short options (`fresh_values.with_short_options`); `slash_ends` (with
         `fresh`) ends a share of directories and paths with a slash-merged piece
-        (`fresh_values.with_slash_ends`)."""
+        (`fresh_values.with_slash_ends`); `letter_starts` (with `fresh`) starts a share of
+        free-text values with a word spelt from a one-letter piece
+        (`fresh_values.with_letter_starts`)."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         if composed_share and held_out:
@@ -76,9 +78,9 @@ class DialogGenerator:
         self.thinking_share = thinking_share
         self.strings = strings
         if (long_values or path_parts or listed_names or short_options or slash_ends
-                ) and not fresh:
-            raise ValueError("long values, path parts, listed names, short options and slash "
-                             "ends are fresh values")
+                or letter_starts) and not fresh:
+            raise ValueError("long values, path parts, listed names, short options, slash "
+                             "ends and letter starts are fresh values")
         self.makers = (fresh_values.LONG_MAKERS if long_values else
                        fresh_values.MAKERS if fresh else values.MAKERS)
         if path_parts:
@@ -89,6 +91,8 @@ class DialogGenerator:
             self.makers = fresh_values.with_short_options(self.makers)
         if slash_ends:
             self.makers = fresh_values.with_slash_ends(self.makers)
+        if letter_starts:
+            self.makers = fresh_values.with_letter_starts(self.makers)
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames

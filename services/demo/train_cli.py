@@ -74,6 +74,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-slash-ends", action="store_true",
                         help="a share of fresh directories and paths end with a word BPE merges "
                              "with the slash before it (\"/srv/log/config\")")
+    parser.add_argument("--fresh-letter-starts", action="store_true",
+                        help="a share of fresh free-text values start with a word whose spelling "
+                             "starts with a one-letter piece (\"soup\" as s+oup)")
     parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
                         metavar="SHARE",
                         help="that share of a fresh random drill's tokens after the first are "
@@ -166,7 +169,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
-        fresh_slash_ends=args.fresh_slash_ends)
+        fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -88,7 +88,8 @@ class Trainer:
                                                path_parts=settings.fresh_path_parts,
                                                listed_names=settings.fresh_listed_names,
                                                short_options=settings.fresh_short_options,
-                                               slash_ends=settings.fresh_slash_ends)
+                                               slash_ends=settings.fresh_slash_ends,
+                                               letter_starts=settings.fresh_letter_starts)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
                               if settings.fresh_unknown_words else None)

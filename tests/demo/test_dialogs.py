@@ -238,6 +238,28 @@ def test_slash_ends_end_fresh_directories_and_paths_with_a_slash_merged_piece(
         DialogGenerator(1, False, slash_ends=True)
 
 
+def test_letter_starts_start_free_text_values_with_a_one_letter_piece(
+        encoder: SceneEncoder) -> None:
+    """With letter starts, a share of free-text values start with a word the call spells from a
+    one-letter piece (` soup` in the request, `s`+`oup` after `">`), `s` among them, and keep
+    their other words."""
+    def letter_started(generator: DialogGenerator, kind: str) -> list[str]:
+        rng = random.Random(7)
+        made = [generator.makers[kind](rng, False) for _ in range(300)]
+        return [m for m in made
+                if len(encoder.tokenizer.encode(m, add_special_tokens=False).tokens[0]) == 1]
+
+    starts = DialogGenerator(1, False, fresh=True, letter_starts=True)
+    plain = DialogGenerator(1, False, fresh=True)
+    for kind in fresh_values.LOWER_CASE_TEXT_KINDS:
+        assert len(letter_started(starts, kind)) > len(letter_started(plain, kind)) + 50
+    sentences = [len(s.split()) for s in letter_started(starts, "sentence")]
+    assert min(sentences) >= 3 and any(s.startswith("s") for s in letter_started(starts, "words"))
+    assert {"soup", "gym"} <= set(fresh_values.letter_start_words())
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, letter_starts=True)
+
+
 def test_listed_names_put_training_cities_and_people_into_fresh_requests(
         encoder: SceneEncoder) -> None:
     """With listed names, a share of the fresh phase's names are the training lists' real ones

@@ -245,7 +245,8 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--fresh-word-values", "--fresh-leading-heads", "0.5", "--layers", "5",
                        "--grown-learning-rate-scale", "10", "--fresh-listed-names", "0.3",
                        "--fresh-listed-drills", "32", "--fresh-short-options",
-                       "--fresh-slash-pieces", "0.25", "--fresh-slash-ends"])
+                       "--fresh-slash-pieces", "0.25", "--fresh-slash-ends",
+                       "--fresh-letter-starts"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
@@ -253,7 +254,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert settings.key_weight == 6 and settings.fresh_listed_names == 0.3
     assert settings.fresh_listed_drills == 32
     assert settings.fresh_short_options and settings.fresh_slash_pieces == 0.25
-    assert settings.fresh_slash_ends
+    assert settings.fresh_slash_ends and settings.fresh_letter_starts
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -265,5 +266,6 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_listed_drills=0), started)
     assert not continues(asdict(settings), replace(settings, fresh_slash_pieces=0.0), started)
     assert not continues(asdict(settings), replace(settings, fresh_slash_ends=False), started)
+    assert not continues(asdict(settings), replace(settings, fresh_letter_starts=False), started)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
