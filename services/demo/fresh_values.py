@@ -254,8 +254,9 @@ def with_slash_ends(makers: dict[str, Maker]) -> dict[str, Maker]:
 # Letter starts: a share of free-text values start with a pool word whose call spelling begins
 # with a piece of one letter (` soup` in the request is `s`+`oup` after `">`). Every run since run
 # R writes the four such words whose piece is `s` wrong at a value's start (soup as `football`),
-# and the 32 with other letters right: in the fresh stream `s` starts 5 of 1,669 string values
-# and is inside 58 (plurals, name endings), so the model has learnt it as an ending.
+# and the 32 with other letters right; `s` is mostly an ending (in 60 steps of run G's stream it
+# starts 34 of 2,948 string values; 61 of 3,003 with letter starts). Run I2 (120 steps with them)
+# still gets all four wrong: after a forced `s` it copies ` soup` whole (docs/demo-model.md).
 LETTER_START_SHARE = 0.5
 LOWER_CASE_TEXT_KINDS = ("words", "sentence")   # a title's capital starts a one-letter piece often
 

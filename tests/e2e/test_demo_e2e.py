@@ -111,8 +111,9 @@ def test_a_word_training_never_used_is_read_as_its_trained_spelling(client, demo
         (call,) = response.choices[0].message.tool_calls
         return call.function.name, json.loads(call.function.arguments)
 
-    assert call_for(request_text) == ("list_files", {"path": path, "hidden": False})
-    assert call_for(request_text.replace(" skip ", " skipping ")) == call_for(request_text)
+    call = call_for(request_text)
+    assert call == ("list_files", {"path": path, "hidden": False})
+    assert call_for(request_text.replace(" skip ", " skipping ")) == call
 
 
 def test_thinking_mode_reasons_before_the_call(client, demo_stack) -> None:
