@@ -47,6 +47,11 @@ class RandomDrills:
         # (encode.py): both forms must be trained.
         self.firsts = [i for i in self.pieces if texts[i].startswith(SPACE)
                        and encoder.tokenizer.token_to_id(texts[i][1:]) in trained]
+        # Spaced tokens whose spelling without the space is 2+ trained tokens (` soup` is `s`+`oup`
+        # after `">`): at a value's start a copy must respell them.
+        self.respelt_firsts = [i for i in self.pieces if texts[i].startswith(SPACE)
+                               and encoder.tokenizer.token_to_id(texts[i][1:]) not in trained
+                               and _spelt_within(encoder, texts[i][1:], trained)]
 
     def scene(self, index: int, count: int, held_out: bool = False, repeats: bool = False,
               slash_share: float = 0.0) -> Scene:
@@ -64,17 +69,22 @@ class RandomDrills:
                                     {"role": "assistant", "content": value}, False, [value]))
         return Scene(None, [], examples)
 
-    def call_scene(self, index: int, count: int, shared: bool = False) -> Scene:
+    def call_scene(self, index: int, count: int, shared: bool = False, respelt: bool = False
+                   ) -> Scene:
         """A scene of `count` tool-call requests (2–5 declared tools) whose free-text argument
         values are random strings: the copy of the drills, inside the call format. With
         `shared`, every value of the scene is drawn from a few tokens (SHARED_PIECES) and may
-        repeat one of them."""
-        rng = random.Random(f"{self.seed}:{'span' if shared else 'random'}-call:{index}")
-        strings = self._shared_strings(rng) if shared else self._string
+        repeat one of them; with `respelt`, every value starts with a `respelt_firsts` token
+        (none if the vocabulary has no such token)."""
+        kind = "span" if shared else "respelt" if respelt else "random"
+        rng = random.Random(f"{self.seed}:{kind}-call:{index}")
+        strings = (self._shared_strings(rng) if shared
+                   else self._respelt_string if respelt else self._string)
         generator = DialogGenerator(self.seed, False, strings=strings)
         specs = rng.sample(CATALOG, rng.randint(2, 5))
         tools = [tool_json(spec, rng, False) for spec in specs]
-        chosen = [rng.randrange(len(specs)) for _ in range(count)]
+        chosen = [rng.randrange(len(specs))
+                  for _ in range(0 if respelt and not self.respelt_firsts else count)]
         return Scene(rng.choice(SYSTEM_PROMPTS), tools,
                      [generator.call_example(rng, specs[k], tools[k]) for k in chosen])
 
@@ -105,6 +115,15 @@ class RandomDrills:
         then its completion copies canonical tokens, encode.py)."""
         return self.encoder.tokenizer.decode(self._ids(rng, self.firsts, self.pieces))[1:]
 
+    def _respelt_string(self, rng: random.Random) -> str:
+        """A random string whose first token, after a space in a request, is a `respelt_firsts`
+        token (the pieces after it may not merge with it)."""
+        while True:
+            ids = self._ids(rng, self.respelt_firsts, self.pieces)
+            text = self.encoder.tokenizer.decode(ids)
+            if self.encoder.encode(text)[0] == ids[0]:
+                return text[1:]
+
     def _shared_strings(self, rng: random.Random) -> Callable[[random.Random], str]:
         """A maker of random strings over a few tokens drawn once with `rng` (for one scene)."""
         firsts = rng.sample(self.firsts, 2)
@@ -114,6 +133,12 @@ class RandomDrills:
             ids = self._ids(draw, firsts, pieces, repeats=draw.random() < 0.5)
             return self.encoder.tokenizer.decode(ids)[1:]
         return shared_string
+
+
+def _spelt_within(encoder: SceneEncoder, text: str, trained: set[int]) -> bool:
+    """Whether `text` (no leading space) encodes to 2+ tokens, all of them in `trained`."""
+    ids = encoder.encode(text)
+    return len(ids) >= 2 and set(ids) <= trained
 
 
 def _word_like(text: str) -> bool:

@@ -17,6 +17,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_listed_names": 0.0, "fresh_listed_drills": 0,
                    "fresh_short_options": False, "fresh_slash_pieces": 0.0,
                    "fresh_slash_ends": False, "fresh_letter_starts": False,
+                   "fresh_respelt_calls": 0,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -112,6 +113,9 @@ class TrainSettings:
     # With `fresh_letter_starts`, a share of free-text values start with a word spelt from a
     # one-letter piece ("soup" as `s`+`oup`; fresh_values.with_letter_starts).
     fresh_letter_starts: bool = False
+    # That many tool calls per step whose free-text values are random strings starting with a
+    # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
+    fresh_respelt_calls: int = 0
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
     fresh_unknown_words: float = 0.0
@@ -185,7 +189,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                         "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words",
                         "fresh_word_values", "fresh_leading_heads", "fresh_listed_names",
                         "fresh_listed_drills", "fresh_short_options", "fresh_slash_pieces",
-                        "fresh_slash_ends", "fresh_letter_starts")}
+                        "fresh_slash_ends", "fresh_letter_starts", "fresh_respelt_calls")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -77,6 +77,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-letter-starts", action="store_true",
                         help="a share of fresh free-text values start with a word whose spelling "
                              "starts with a one-letter piece (\"soup\" as s+oup)")
+    parser.add_argument("--fresh-respelt-calls", type=int, default=defaults.fresh_respelt_calls,
+                        metavar="COUNT",
+                        help="that many tool calls per fresh-phase step whose free-text values "
+                             "are random strings starting with a word a call spells in other "
+                             "pieces (\" Nir\" as N+ir)")
     parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
                         metavar="SHARE",
                         help="that share of a fresh random drill's tokens after the first are "
@@ -169,7 +174,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_word_values=args.fresh_word_values, fresh_leading_heads=args.fresh_leading_heads,
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
-        fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts)
+        fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts,
+        fresh_respelt_calls=args.fresh_respelt_calls)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

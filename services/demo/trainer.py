@@ -151,6 +151,9 @@ class Trainer:
                 index, self.settings.fresh_examples, self.settings.long_drills),
                 self.random_drills.scene(index, self.settings.fresh_random_drills,
                                          slash_share=self.settings.fresh_slash_pieces)]
+            if self.settings.fresh_respelt_calls:
+                scenes.append(self.random_drills.call_scene(
+                    index, self.settings.fresh_respelt_calls, respelt=True))
             if self.settings.fresh_listed_drills:
                 scenes.append(self.fresh_generator.listed_drill_scene(
                     index, self.settings.fresh_listed_drills))

@@ -118,3 +118,23 @@ def test_a_slash_share_puts_slash_merged_path_pieces_in_drills_copied_token_for_
     assert not slash & {t for e in drills.encoder.scene(drills.scene(6, 40)).examples
                         for t in e.completion_ids}
     assert drills.scene(6, 40, slash_share=0.0) == drills.scene(6, 40)
+
+
+def test_respelt_calls_start_every_string_with_a_word_the_call_spells_in_other_pieces(
+        drills: RandomDrills) -> None:
+    """` soup` in a request is `s`+`oup` after `">`: every string value of a respelt call scene
+    starts with such a token, and the call's completion holds its other spelling."""
+    encoder, respelt = drills.encoder, set(drills.respelt_firsts)
+    assert encoder.tokenizer.token_to_id("Ġsoup") in respelt
+    assert not respelt & set(drills.firsts)
+    scene = drills.call_scene(5, 12, respelt=True)
+    assert scene == drills.call_scene(5, 12, respelt=True) != drills.call_scene(5, 12)
+    values = respelt_in_calls = 0
+    for item in encoder.scene(scene).examples:
+        for value in item.example.copy_values:
+            first = encoder.encode(" " + value)[0]
+            assert first in respelt
+            spelling = encoder.encode(encoder.tokenizer.id_to_token(first)[1:])
+            values += 1
+            respelt_in_calls += contains_run(item.completion_ids, spelling)
+    assert values >= 12 and respelt_in_calls == values

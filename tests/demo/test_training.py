@@ -112,9 +112,10 @@ def test_the_fresh_phase_follows_the_others_on_a_schedule_of_its_own() -> None:
 def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: Path) -> None:
     settings = TrainSettings(steps=1, examples_per_scene=2, copy_steps=0, fresh_steps=2,
                              fresh_examples=3, fresh_random_drills=4, long_drills=2,
-                             fresh_slash_pieces=0.25)
+                             fresh_slash_pieces=0.25, fresh_respelt_calls=5)
     trainer = Trainer(tmp_path, settings)
-    # As above: a one-scene vocabulary, so the fresh stream is asked for and scene 0 given.
+    # As above: a one-scene vocabulary, so the fresh stream is asked for and scene 0 given (its
+    # vocabulary spells no respelt call: that scene is asked for and left out).
     asked = []
     stream = trainer.generator.training_scenes
     trainer.fresh_generator.training_scenes = (
@@ -123,9 +124,12 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
     drills = trainer.random_drills.scene
     trainer.random_drills.scene = (
         lambda index, count, slash_share: asked.append(slash_share) or drills(index, count))
+    calls = trainer.random_drills.call_scene
+    trainer.random_drills.call_scene = (
+        lambda index, count, respelt: asked.append((count, respelt)) or calls(index, count, respelt=respelt))
     trainer._heldout_values = HeldOutValues((), False)
     sizes = [len(s.examples) for s in trainer.training_scenes(1)]
-    assert asked == [(1, 3, 2), 0.25] and sizes[-1] == 4 and len(sizes) > 1
+    assert asked == [(1, 3, 2), 0.25, (5, True)] and sizes[-1] == 4 and len(sizes) > 1
     assert trainer.fresh_generator.makers is not trainer.generator.makers
 
 
@@ -246,7 +250,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--grown-learning-rate-scale", "10", "--fresh-listed-names", "0.3",
                        "--fresh-listed-drills", "32", "--fresh-short-options",
                        "--fresh-slash-pieces", "0.25", "--fresh-slash-ends",
-                       "--fresh-letter-starts"])
+                       "--fresh-letter-starts", "--fresh-respelt-calls", "12"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
@@ -255,6 +259,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert settings.fresh_listed_drills == 32
     assert settings.fresh_short_options and settings.fresh_slash_pieces == 0.25
     assert settings.fresh_slash_ends and settings.fresh_letter_starts
+    assert settings.fresh_respelt_calls == 12
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -267,5 +272,6 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_slash_pieces=0.0), started)
     assert not continues(asdict(settings), replace(settings, fresh_slash_ends=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_letter_starts=False), started)
+    assert not continues(asdict(settings), replace(settings, fresh_respelt_calls=0), started)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
