@@ -13,7 +13,8 @@ its index, the tokenizer files) in which `embed.weight` and `head.weight` are [1
 rows where trained, every other `head` row the mean of the trained rows (see docs/demo-model.md:
 such a token's logit is the mean of the trained logits, so it never wins the argmax); an untrained
 token's `embed` and hash-routing rows are those of its stand-in, a trained spelling of the same
-word (standins.py), or the mean `embed` row where it has none.
+word (standins.py), or the mean `embed` row where it has none; with a `spell` matrix in
+`vocab.safetensors`, an untrained spelt token's `embed` row also carries its pieces' trace.
 """
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from typing import Sequence, Union
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.demo.params import served_vocab_rows
+from services.demo.params import SPELL, served_vocab_rows
 from services.demo.schedule import TrainSettings, saved_settings
-from services.demo.standins import routing_ids, stand_ins, untrained_rows
+from services.demo.standins import routing_ids, spelt_pieces, stand_ins, untrained_rows
 from services.worker.model.checkpoint import INDEX_FILE, SCALE_SUFFIX, expected_tensors
 from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_checkpoint import TOKENIZER_FILES, cache_root, materialize_once
@@ -58,6 +59,7 @@ def write_compact(out_dir: PathLike, config_json: dict, stored: dict[str, torch.
     out.mkdir(parents=True, exist_ok=True)
     vocab_names = {f"{row}{suffix}": f"{row}{key}" for row in VOCAB_ROWS
                    for suffix, key in ((".weight", ""), (SCALE_SUFFIX, ROW_SCALE_KEY))}
+    vocab_names[SPELL] = SPELL
     body = {n: t.contiguous() for n, t in stored.items() if n not in vocab_names}
     save_file(body, str(out / "body.safetensors"), metadata={"format": "pt"})
     rows = {key: stored[name].contiguous() for name, key in vocab_names.items() if name in stored}
@@ -102,7 +104,8 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     for name in VOCAB_ROWS:
         tensors[f"{name}.weight"] = full_rows(rows[name], ids, config.vocab_size, torch.bfloat16)
     table = vocab["hash_table"].to(torch.int64)
-    read_untrained_as_stand_ins(tensors, rows["embed"], tuple(ids.tolist()), table)
+    read_untrained_as_stand_ins(tensors, rows["embed"], tuple(ids.tolist()), table,
+                                vocab[SPELL].float() if SPELL in vocab else None)
     for name in expected_tensors(config):
         if name.endswith("gate.tid2eid"):
             tensors[name] = table
@@ -110,13 +113,17 @@ def full_tensors(compact_dir: PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def read_untrained_as_stand_ins(tensors: dict[str, torch.Tensor], embed_rows: torch.Tensor,
-                                trained_ids: tuple[int, ...], table: torch.Tensor) -> None:
-    """Untrained word tokens take their stand-in's `embed` and hash-routing rows (standins.py);
-    `head` keeps the mean, so they still never win the argmax."""
-    untrained = sorted(stand_ins(trained_ids))
+                                trained_ids: tuple[int, ...], table: torch.Tensor,
+                                spell: torch.Tensor | None = None) -> None:
+    """Untrained word tokens take their stand-in's `embed` and hash-routing rows (or, spelt
+    ones without a stand-in, the mean row and their first piece's routing), plus with `spell`
+    a spelt token's trace (standins.py); `head` keeps the mean, so they still never win the
+    argmax."""
+    spelt = set(spelt_pieces(trained_ids)) if spell is not None else set()
+    untrained = sorted(set(stand_ins(trained_ids)) | (spelt - set(trained_ids)))
     embed = tensors["embed.weight"]
-    embed[untrained] = untrained_rows(embed_rows, trained_ids, untrained).to(embed.dtype)
-    table[untrained] = table[routing_ids(trained_ids, untrained)]
+    embed[untrained] = untrained_rows(embed_rows, trained_ids, untrained, spell).to(embed.dtype)
+    table[untrained] = table[routing_ids(trained_ids, untrained, spell is not None)]
 
 
 def trained_rows(vocab: dict[str, torch.Tensor], name: str) -> torch.Tensor:

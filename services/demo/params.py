@@ -12,7 +12,7 @@ import hashlib
 
 import torch
 
-from services.demo.standins import routing_ids, untrained_rows
+from services.demo.standins import routing_ids, untrained_rows, with_spelt_traces
 from services.demo.vocab import RowMap, TrainedVocab
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
@@ -20,6 +20,7 @@ from services.worker.model.dequant import (DEFAULT_FP8_BLOCK, dequant_fp4_rows, 
                                            quantize_fp4_rows, quantize_fp8_blocks)
 
 VOCAB_TENSORS = ("embed.weight", "head.weight")
+SPELL = "spell"      # the compact's [D, D] bf16 matrix that composes spelt rows (standins.py)
 # The trained vocabulary rows are stored in FP8 e4m3 with one power-of-two scale per 1×128 block
 # of a row (their own format; expansion writes them as the checkpoint's bf16): half the bytes of
 # bf16, 1.8 MB less for 3,532 rows of 256 in two tensors, which lets a six-layer demo fit the
@@ -28,6 +29,9 @@ VOCAB_FP8_BLOCK = (1, 128)
 OUTPUT_GAINS = {"wo_b": 0.5, "w2": 0.5}
 HC_MIX_STD = 0.1
 SPACE_STD = 0.5
+# The initial `spell` is a seeded random rotation at this scale, the first piece's weight in a
+# trace (standins.FIRST_PIECE_GAIN) the same: a trace moves a row by about a third of its norm.
+SPELL_GAIN = 0.25
 
 
 def storage_kind(name: str, specs: dict[str, TensorSpec]) -> str:
@@ -53,7 +57,10 @@ def body_names(specs: dict[str, TensorSpec]) -> list[str]:
 
 
 class DemoParameters(torch.nn.Module):
-    def __init__(self, config: ModelConfig, vocab: TrainedVocab, seed: int):
+    """With `spelt`, the `embed` rows of spelt tokens carry a trace of their pieces
+    (standins.py) through the learned `spell` matrix; `head` rows are untouched."""
+
+    def __init__(self, config: ModelConfig, vocab: TrainedVocab, seed: int, spelt: bool = False):
         super().__init__()
         specs = expected_tensors(config)
         self.names = body_names(specs)
@@ -66,15 +73,30 @@ class DemoParameters(torch.nn.Module):
         self.space_head = torch.nn.Parameter(_normal((dim,), SPACE_STD, seed, "space_head"))
         self.embed_delta = torch.nn.Parameter(torch.zeros(len(vocab), dim))
         self.head_delta = torch.nn.Parameter(torch.zeros(len(vocab), dim))
+        self.spell = torch.nn.Parameter(initial_spell(dim, seed)) if spelt else None
 
     def embed_rows(self, vocab: TrainedVocab) -> torch.Tensor:
         """[Vt, D] float32: the trained rows of `embed.weight`."""
-        return self.bases[vocab.base] + vocab.spaced[:, None] * self.space_embed + self.embed_delta
+        rows = self.bases[vocab.base] + vocab.spaced[:, None] * self.space_embed + self.embed_delta
+        return self._spelt(rows, vocab)
 
     def head_rows(self, vocab: TrainedVocab) -> torch.Tensor:
         """[Vt, D] float32: the trained rows of `head.weight` (tied to the embedding's bases)."""
         tied = self.bases[vocab.base] + vocab.spaced[:, None] * self.space_head
         return tied * self.bases.shape[1] ** -0.5 + self.head_delta
+
+    def _spelt(self, rows: torch.Tensor, vocab: TrainedVocab) -> torch.Tensor:
+        return rows if self.spell is None else rows + self.spelt_traces(rows, vocab)
+
+    def spelt_traces(self, rows: torch.Tensor, vocab: TrainedVocab) -> torch.Tensor:
+        """[Vt, D]: the traces of the trained spelt tokens (zero elsewhere), from their pieces'
+        `rows` as served (FP8), so that a warm start, which has only those, adds the same."""
+        return with_spelt_traces(torch.zeros_like(rows), tuple(vocab.ids.tolist()),
+                                 self.served_spell(), _fake_quantize("fp8_rows", rows))
+
+    def served_spell(self) -> torch.Tensor | None:
+        """`spell` as the compact stores it (bf16), with a straight-through gradient."""
+        return None if self.spell is None else _fake_quantize("bf16", self.spell)
 
     def body_tensors(self) -> dict[str, torch.Tensor]:
         return dict(zip(self.names, self.body))
@@ -91,12 +113,13 @@ def model_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, 
     fake = _fake_quantize if quantized else (lambda kind, w: w)
     trained_ids = tuple(vocab.ids.tolist())
     embed = fake("fp8_rows", params.embed_rows(vocab))
+    spell = params.served_spell()
     tensors["embed.weight"] = torch.cat(
-        [embed, fake("bf16", untrained_rows(embed, trained_ids, rows.untrained))])
+        [embed, fake("bf16", untrained_rows(embed, trained_ids, rows.untrained, spell))])
     head = fake("fp8_rows", params.head_rows(vocab))
     mean = head.mean(dim=0, keepdim=True).expand(len(rows.untrained), -1)
     tensors["head.weight"] = torch.cat([head, fake("bf16", mean)])
-    routed = torch.tensor(routing_ids(trained_ids, rows.ids))
+    routed = torch.tensor(routing_ids(trained_ids, rows.ids, spell is not None))
     for name in specs:
         if name.endswith("gate.tid2eid"):
             tensors[name] = hash_table[routed].to(torch.int64)
@@ -118,6 +141,8 @@ def stored_tensors(params: DemoParameters, vocab: TrainedVocab, specs: dict[str,
     for name, rows in (("embed.weight", params.embed_rows(vocab)),
                        ("head.weight", params.head_rows(vocab))):
         store_parts(stored, name, quantize_for_storage(rows_kind, rows))
+    if params.spell is not None:
+        stored[SPELL] = params.spell.detach().to(torch.bfloat16).contiguous()
     return stored
 
 
@@ -210,3 +235,9 @@ def _normal(shape: tuple[int, ...], std: float, seed: int, name: str) -> torch.T
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
     return torch.randn(shape, generator=generator) * std
+
+
+def initial_spell(dim: int, seed: int) -> torch.Tensor:
+    """A seeded random rotation of [dim, dim], times SPELL_GAIN."""
+    rotation, _ = torch.linalg.qr(_normal((dim, dim), 1.0, seed, SPELL))
+    return rotation * SPELL_GAIN

@@ -17,7 +17,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_listed_names": 0.0, "fresh_listed_drills": 0,
                    "fresh_short_options": False, "fresh_slash_pieces": 0.0,
                    "fresh_slash_ends": False, "fresh_letter_starts": False,
-                   "fresh_respelt_calls": 0,
+                   "fresh_respelt_calls": 0, "spelt_embeddings": False,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -118,6 +118,9 @@ class TrainSettings:
     # Run M (16 per step for 120 steps from run I2) wrote 272 of 400 calls right against 346:
     # its calls double what they copy (`paint paint`), and the respelt starts stay wrong.
     fresh_respelt_calls: int = 0
+    # With `spelt_embeddings`, a spaced word token whose bare spelling is two trained pieces reads
+    # with a trace of theirs in its `embed` row (standins.py): ` Kore` carries `K` and `ore`.
+    spelt_embeddings: bool = False
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
     fresh_unknown_words: float = 0.0
@@ -182,7 +185,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
     the older state lacks and that it never used take the current values."""
     before = TrainSettings(**{**asdict(current), **LEGACY_SETTINGS, **saved})
     data = ("seed", "layers", "grown_learning_rate_scale", "steps", "examples_per_scene",
-            "mtp_weight", "clip_norm")
+            "mtp_weight", "clip_norm", "spelt_embeddings")
     by_phase = {COPY: ("long_drills", "key_weight"),
                 INDUCTION: ("long_drills", "key_weight", "random_drills"),
                 SPAN: ("long_drills", "key_weight", "span_calls", "span_drills"),

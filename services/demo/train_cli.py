@@ -82,6 +82,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="that many tool calls per fresh-phase step whose free-text values "
                              "are random strings starting with a word a call spells in other "
                              "pieces (\" Nir\" as N+ir)")
+    parser.add_argument("--spelt-embeddings", action="store_true",
+                        help="a spaced word whose spelling without the space is two trained "
+                             "pieces reads with a trace of theirs (\" Kore\": K and ore), "
+                             "trained or not")
     parser.add_argument("--fresh-slash-pieces", type=float, default=defaults.fresh_slash_pieces,
                         metavar="SHARE",
                         help="that share of a fresh random drill's tokens after the first are "
@@ -175,7 +179,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
         fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts,
-        fresh_respelt_calls=args.fresh_respelt_calls)
+        fresh_respelt_calls=args.fresh_respelt_calls, spelt_embeddings=args.spelt_embeddings)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

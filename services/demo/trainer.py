@@ -69,7 +69,8 @@ class Trainer:
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))
-        self.params = DemoParameters(self.config, self.vocab, settings.seed)
+        self.params = DemoParameters(self.config, self.vocab, settings.seed,
+                                     spelt=settings.spelt_embeddings)
         self.optimizer = torch.optim.AdamW(self._groups(), lr=settings.learning_rate,
                                            betas=(0.9, 0.95))
         self.step_index = 0

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from services.demo.export import trained_rows
-from services.demo.params import DemoParameters, storage_kind
+from services.demo.params import SPELL, DemoParameters, storage_kind
 from services.demo.vocab import TrainedVocab
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec
 from services.worker.model.dequant import DEFAULT_FP8_BLOCK, dequant_fp4_rows, dequant_fp8_blocks
@@ -61,7 +61,11 @@ def load_compact(params: DemoParameters, vocab: TrainedVocab, specs: dict[str, T
     with torch.no_grad():
         copy_dequantized({n: m for n, m in masters.items() if n not in grown}, body, specs)
         start_as_identity({n: masters[n] for n in grown})
+        if params.spell is not None and SPELL in rows:
+            params.spell.copy_(rows[SPELL].float())
         _set_rows(params, vocab, embed, head)
+        if params.spell is not None and SPELL not in rows:
+            _add_fresh_traces(params, vocab)
     return rows["hash_table"]
 
 
@@ -163,5 +167,14 @@ def _set_rows(params: DemoParameters, vocab: TrainedVocab, embed: torch.Tensor,
     params.space_head.copy_(space_head)
     params.embed_delta.zero_()
     params.head_delta.zero_()
-    params.embed_delta.copy_(embed - params.embed_rows(vocab))
+    # Twice: a spelt row's trace (params.DemoParameters) reads its pieces' rows, which the
+    # first pass sets.
+    for _ in range(2):
+        params.embed_delta.add_(embed - params.embed_rows(vocab))
     params.head_delta.copy_(head - params.head_rows(vocab))
+
+
+def _add_fresh_traces(params: DemoParameters, vocab: TrainedVocab) -> None:
+    """A checkpoint trained without spelt tokens: their rows are its rows plus their traces
+    (the fit above absorbed the traces into the deltas)."""
+    params.embed_delta.add_(params.spelt_traces(params.embed_rows(vocab), vocab))

@@ -18,13 +18,18 @@ from services.worker.model.config import ModelConfig
 from services.worker.model.tiny_presets import preset_config
 
 
-def test_quantization_aware_training_sees_exactly_the_exported_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spelt", [False, True])
+def test_quantization_aware_training_sees_exactly_the_exported_weights(tmp_path: Path,
+                                                                        spelt: bool) -> None:
     config_json = preset_config("tiny-a")
     config = ModelConfig.from_dict(config_json)
     encoder = SceneEncoder()
-    vocab = tie_structure(sorted({0, 1, 128803, 128804} | set(encoder.encode("Hello Paris, hello"))),
-                          encoder)
-    params = DemoParameters(config, vocab, seed=3)
+    # " soup" is a trained spelt token (s + oup), " Kore" an untrained one (K + ore)
+    words = "Hello Paris, hello soup" + (" soup Kore" if spelt else "")
+    vocab = tie_structure(sorted({0, 1, 128803, 128804} | set(encoder.encode(words))
+                                 | set(encoder.encode("soup" if spelt else "Paris"))
+                                 | set(encoder.encode("Kore" if spelt else "Paris"))), encoder)
+    params = DemoParameters(config, vocab, seed=3, spelt=spelt)
     specs = expected_tensors(config)
     table = hash_routing_table(config, seed=3)
     compact = export.write_compact(tmp_path / "compact", config_json,
@@ -33,8 +38,9 @@ def test_quantization_aware_training_sees_exactly_the_exported_weights(tmp_path:
     full = export.expand(compact, tmp_path / "full")
     with CheckpointReader(full) as reader:
         served = reader.load_all(config, torch.float32)
-    # untrained rows: "hello" reads as " hello" (a stand-in, standins.py), "!" as the mean
-    rows = vocab.rows(encoder.encode("hello!"))
+    # untrained rows: "hello" reads as " hello" (a stand-in, standins.py), "!" as the mean,
+    # " Kore" as the mean or (spelt) as K + ore
+    rows = vocab.rows(vocab.outside(encoder.encode("hello! Kore")))
     with torch.no_grad():
         trained = model_tensors(params, vocab, specs, table, quantized=True, rows=rows)
     for name, tensor in trained.items():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from services.demo.encode import SceneEncoder
-from services.demo.standins import routing_ids, stand_ins, untrained_rows
+from services.demo.standins import (FIRST_PIECE_GAIN, routing_ids, spelt_pieces, stand_ins,
+                                    untrained_rows, with_spelt_traces)
 
 TOKENIZER = SceneEncoder().tokenizer
 
@@ -58,3 +59,33 @@ def test_a_stand_in_across_the_leading_space_moves_by_the_trained_space_offset()
     space = row[TOKENIZER.token_to_id("Ġhello")] - row[TOKENIZER.token_to_id("hello")]
     spaced_mon = untrained_rows(trained, trained_ids, [TOKENIZER.token_to_id("Ġmon")])[0]
     assert torch.allclose(spaced_mon, row[TOKENIZER.token_to_id("mon")] + space)
+
+
+SPELT_TRAINED = ids("Ġhello", "hello", "K", "ore", "s", "oup", "Ġsoup", "Ġweather")
+
+
+def test_a_spaced_word_spelt_by_two_trained_pieces_is_a_spelt_token() -> None:
+    pieces = spelt_pieces(SPELT_TRAINED)
+    token = TOKENIZER.token_to_id
+    assert pieces[token("ĠKore")] == (token("K"), token("ore"))      # untrained
+    assert pieces[token("Ġsoup")] == (token("s"), token("oup"))      # trained
+    assert token("Ġhello") not in pieces                              # its bare twin is trained
+    assert token("Ġweather") not in pieces                            # weather: no trained pieces
+
+
+def test_spelt_rows_carry_a_trace_of_their_pieces_trained_or_not() -> None:
+    generator = torch.Generator().manual_seed(2)
+    trained = torch.randn(len(SPELT_TRAINED), 8, generator=generator)
+    spell = torch.randn(8, 8, generator=generator)
+    row = dict(zip(SPELT_TRAINED, trained))
+    token = TOKENIZER.token_to_id
+    kore = untrained_rows(trained, SPELT_TRAINED, [token("ĠKore")], spell)[0]
+    mean = trained.mean(dim=0)                                          # no stand-in
+    trace = FIRST_PIECE_GAIN * row[token("K")] + row[token("ore")] @ spell
+    assert torch.allclose(kore, mean + trace)
+    traced = dict(zip(SPELT_TRAINED, with_spelt_traces(trained, SPELT_TRAINED, spell, trained)))
+    assert torch.allclose(traced[token("Ġsoup")], row[token("Ġsoup")]
+                          + FIRST_PIECE_GAIN * row[token("s")] + row[token("oup")] @ spell)
+    assert torch.equal(traced[token("Ġweather")], row[token("Ġweather")])
+    assert routing_ids(SPELT_TRAINED, [token("ĠKore"), token("Ġsoup")], spelt=True) == [
+        token("K"), token("Ġsoup")]

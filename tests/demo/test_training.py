@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from services.demo import export
 from services.demo.architecture import demo_config_json
@@ -16,6 +17,7 @@ from services.demo.heldout_values import HeldOutValues
 from services.demo.objective import weighted_cross_entropy, scene_targets
 from services.demo.train_cli import main, parse_args, train_settings
 from services.demo.schedule import COPY, FIRST, FRESH, SPAN, continues
+from services.demo.standins import spelt_pieces, trained_spelt
 from services.demo.trainer import STATE_FILE, Trainer, TrainSettings, WarmStart
 
 TINY_RUN = TrainSettings(steps=2, examples_per_scene=2)
@@ -145,15 +147,19 @@ def _served_tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
                              quantized=True, rows=trainer.vocab.rows())
 
 
+@pytest.mark.parametrize("spelt", [False, True])
 def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
-        tmp_path: Path) -> None:
-    """Dequantized body, the stored vocabulary rows (refitted into tied bases and deltas): the
-    quantization-aware model is bit-equal to the one that wrote the checkpoint; the schedule goes
-    on from the given step, with a fresh optimizer."""
-    source = Trainer(tmp_path / "source", TINY_RUN)
+        tmp_path: Path, spelt: bool) -> None:
+    """Dequantized body, the stored vocabulary rows (refitted into tied bases and deltas) and
+    the spell matrix: the quantization-aware model is bit-equal to the one that wrote the
+    checkpoint; the schedule goes on from the given step, with a fresh optimizer."""
+    run = replace(TINY_RUN, spelt_embeddings=spelt)
+    source = Trainer(tmp_path / "source", run)
     source.train_step()
     compact = _exported(source, tmp_path / "compact")
-    warm = Trainer(tmp_path / "warm", TINY_RUN, WarmStart(compact, 1))
+    warm = Trainer(tmp_path / "warm", run, WarmStart(compact, 1))
+    trained_ids = tuple(warm.vocab.ids.tolist())
+    assert any(t in spelt_pieces(trained_ids) for t in trained_ids)   # a spelt row to rebuild
     assert warm.step_index == 1 and not warm.optimizer.state
     assert bool(warm.vocab.spaced.any())   # the refit has spaced/bare twins to share bases
     expected, loaded = _served_tensors(source), _served_tensors(warm)
@@ -161,6 +167,24 @@ def test_a_warm_started_run_computes_with_the_checkpoints_weights_from_its_step(
     for name, tensor in expected.items():
         assert torch.equal(tensor, loaded[name]), name
     assert warm.train_step()["step"] == 2
+
+
+def test_a_spelt_run_from_a_checkpoint_without_spell_adds_the_traces_to_its_rows(
+        tmp_path: Path) -> None:
+    source = Trainer(tmp_path / "source", TINY_RUN)
+    source.train_step()
+    compact = _exported(source, tmp_path / "compact")
+    warm = Trainer(tmp_path / "warm", replace(TINY_RUN, spelt_embeddings=True),
+                   WarmStart(compact, 1))
+    stored = export.trained_rows(load_file(str(compact / "vocab.safetensors")), "embed")
+    with torch.no_grad():
+        rows = warm.params.embed_rows(warm.vocab)
+        traces = warm.params.spelt_traces(rows, warm.vocab)
+    spelt = trained_spelt(tuple(warm.vocab.ids.tolist()))
+    others = sorted(set(range(len(warm.vocab))) - set(spelt))
+    assert spelt and bool(traces[spelt].abs().amin(dim=1).gt(0).all())
+    assert torch.allclose(rows[others], stored[others], atol=1e-5)
+    assert torch.allclose(rows[spelt], stored[spelt] + traces[spelt], atol=1e-5)
 
 
 def test_a_run_grown_from_a_checkpoint_starts_where_the_checkpoint_left_off(
@@ -250,7 +274,8 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--grown-learning-rate-scale", "10", "--fresh-listed-names", "0.3",
                        "--fresh-listed-drills", "32", "--fresh-short-options",
                        "--fresh-slash-pieces", "0.25", "--fresh-slash-ends",
-                       "--fresh-letter-starts", "--fresh-respelt-calls", "12"])
+                       "--fresh-letter-starts", "--fresh-respelt-calls", "12",
+                       "--spelt-embeddings"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
@@ -259,7 +284,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert settings.fresh_listed_drills == 32
     assert settings.fresh_short_options and settings.fresh_slash_pieces == 0.25
     assert settings.fresh_slash_ends and settings.fresh_letter_starts
-    assert settings.fresh_respelt_calls == 12
+    assert settings.fresh_respelt_calls == 12 and settings.spelt_embeddings
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -273,5 +298,6 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_slash_ends=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_letter_starts=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_respelt_calls=0), started)
+    assert not continues(asdict(settings), replace(settings, spelt_embeddings=False), 1)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
