@@ -20,7 +20,7 @@ from services.worker.model.dequant import (DEFAULT_FP8_BLOCK, dequant_fp4_rows, 
                                            quantize_fp4_rows, quantize_fp8_blocks)
 
 VOCAB_TENSORS = ("embed.weight", "head.weight")
-SPELL = "spell"      # the compact's [D, D] bf16 matrix that composes spelt rows (standins.py)
+SPELL = "spell"      # the compact's [D + 1, D] bf16 trace matrix and mark of spelt rows (standins.py)
 # The trained vocabulary rows are stored in FP8 e4m3 with one power-of-two scale per 1×128 block
 # of a row (their own format; expansion writes them as the checkpoint's bf16): half the bytes of
 # bf16, 1.8 MB less for 3,532 rows of 256 in two tensors, which lets a six-layer demo fit the
@@ -238,6 +238,9 @@ def _normal(shape: tuple[int, ...], std: float, seed: int, name: str) -> torch.T
 
 
 def initial_spell(dim: int, seed: int) -> torch.Tensor:
-    """A seeded random rotation of [dim, dim], times SPELL_GAIN."""
+    """[dim + 1, dim]: a seeded random rotation times SPELL_GAIN, then a seeded mark with
+    entries of SPELL_GAIN (rows have entries of about 1: the mark is as long as the rotated
+    second piece)."""
     rotation, _ = torch.linalg.qr(_normal((dim, dim), 1.0, seed, SPELL))
-    return rotation * SPELL_GAIN
+    mark = _normal((1, dim), SPELL_GAIN, seed, SPELL + ".mark")
+    return torch.cat([rotation * SPELL_GAIN, mark])

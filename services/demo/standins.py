@@ -19,10 +19,11 @@ spaced row from its bare twin's base and one shared space vector).
 Spelt tokens (`train-demo --spelt-embeddings`): a spaced word token whose bare spelling is no
 trained token but exactly two (` soup` is `s` `oup` after a quote, ` Kore` is `K` `ore`) carries
 a trace of its pieces in its `embed` row: its own row (trained, stand-in or mean) plus
-FIRST_PIECE_GAIN · row(first) + row(second) @ spell, with `spell` a learned [D, D] matrix. A call
-that starts a value with such a word must write the pieces, and a row of the word's own tells
-the model nothing about them; the trace does, for every such token alike, trained or not (4,609
-under the committed vocabulary, 4,177 of them without a row). An untrained spelt token without
+FIRST_PIECE_GAIN · row(first) + row(second) @ S + m, with the matrix S [D, D] and the mark m [D]
+learned (`spell` is S with m as its last row). A call that starts a value with such a word must
+write the pieces, and a row of the word's own tells the model nothing about them; the trace
+does, for every such token alike, trained or not (4,609 under the committed vocabulary, 4,177 of
+them without a row), and the mark, one direction, tells the model the word is spelt at all. An untrained spelt token without
 a stand-in takes the hash-routing row of its first piece.
 """
 from __future__ import annotations
@@ -75,14 +76,14 @@ def spelt_pieces(trained_ids: tuple[int, ...]) -> dict[int, tuple[int, int]]:
 
 def spelt_traces(rows: torch.Tensor, trained_ids: tuple[int, ...], token_ids: list[int],
                  spell: torch.Tensor) -> torch.Tensor:
-    """[len(token_ids), D]: FIRST_PIECE_GAIN · row(first) + row(second) @ spell for spelt
-    `token_ids`, their pieces' rows taken from `rows` (the trained rows, in the order of
-    `trained_ids`)."""
+    """[len(token_ids), D]: FIRST_PIECE_GAIN · row(first) + row(second) @ spell[:D] + spell[D]
+    for spelt `token_ids`, their pieces' rows taken from `rows` (the trained rows, in the order
+    of `trained_ids`); `spell` is [D + 1, D], its last row the mark every spelt token carries."""
     pieces = spelt_pieces(trained_ids)
     row_of = _row_of(trained_ids)
     first = torch.tensor([row_of[pieces[t][0]] for t in token_ids], dtype=torch.int64)
     second = torch.tensor([row_of[pieces[t][1]] for t in token_ids], dtype=torch.int64)
-    return FIRST_PIECE_GAIN * rows[first] + rows[second] @ spell
+    return FIRST_PIECE_GAIN * rows[first] + rows[second] @ spell[:-1] + spell[-1]
 
 
 def trained_spelt(trained_ids: tuple[int, ...]) -> list[int]:

@@ -76,16 +76,17 @@ def test_a_spaced_word_spelt_by_two_trained_pieces_is_a_spelt_token() -> None:
 def test_spelt_rows_carry_a_trace_of_their_pieces_trained_or_not() -> None:
     generator = torch.Generator().manual_seed(2)
     trained = torch.randn(len(SPELT_TRAINED), 8, generator=generator)
-    spell = torch.randn(8, 8, generator=generator)
+    spell = torch.randn(9, 8, generator=generator)          # 8 × 8 and the mark
     row = dict(zip(SPELT_TRAINED, trained))
     token = TOKENIZER.token_to_id
     kore = untrained_rows(trained, SPELT_TRAINED, [token("ĠKore")], spell)[0]
     mean = trained.mean(dim=0)                                          # no stand-in
-    trace = FIRST_PIECE_GAIN * row[token("K")] + row[token("ore")] @ spell
+    trace = FIRST_PIECE_GAIN * row[token("K")] + row[token("ore")] @ spell[:8] + spell[8]
     assert torch.allclose(kore, mean + trace)
     traced = dict(zip(SPELT_TRAINED, with_spelt_traces(trained, SPELT_TRAINED, spell, trained)))
     assert torch.allclose(traced[token("Ġsoup")], row[token("Ġsoup")]
-                          + FIRST_PIECE_GAIN * row[token("s")] + row[token("oup")] @ spell)
+                          + FIRST_PIECE_GAIN * row[token("s")] + row[token("oup")] @ spell[:8]
+                          + spell[8])
     assert torch.equal(traced[token("Ġweather")], row[token("Ġweather")])
     assert routing_ids(SPELT_TRAINED, [token("ĠKore"), token("Ġsoup")], spelt=True) == [
         token("K"), token("Ġsoup")]
