@@ -120,6 +120,8 @@ class TrainSettings:
     fresh_respelt_calls: int = 0
     # With `spelt_embeddings`, a spaced word token whose bare spelling is two trained pieces reads
     # with a trace of theirs in its `embed` row (standins.py): ` Kore` carries `K` and `ore`.
+    # Runs P1 and Q1 (with 8 respelt calls per step for 120 steps from run I2) wrote 290 and 284
+    # of 400 calls right against 346: the first piece of a respelt start, never the second.
     spelt_embeddings: bool = False
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
