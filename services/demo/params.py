@@ -12,7 +12,7 @@ import hashlib
 
 import torch
 
-from services.demo.standins import routing_ids, untrained_rows, with_spelt_traces
+from services.demo.standins import add_spelt_traces, routing_ids, untrained_rows
 from services.demo.vocab import RowMap, TrainedVocab
 from services.worker.model.checkpoint import SCALE_SUFFIX, TensorSpec, expected_tensors
 from services.worker.model.config import ModelConfig
@@ -20,7 +20,7 @@ from services.worker.model.dequant import (DEFAULT_FP8_BLOCK, dequant_fp4_rows, 
                                            quantize_fp4_rows, quantize_fp8_blocks)
 
 VOCAB_TENSORS = ("embed.weight", "head.weight")
-SPELL = "spell"      # the compact's [D + 1, D] bf16 trace matrix and mark of spelt rows (standins.py)
+SPELL = "spell"      # the compact's [D + 1, D] bf16 trace matrix and mark (standins.py)
 # The trained vocabulary rows are stored in FP8 e4m3 with one power-of-two scale per 1×128 block
 # of a row (their own format; expansion writes them as the checkpoint's bf16): half the bytes of
 # bf16, 1.8 MB less for 3,532 rows of 256 in two tensors, which lets a six-layer demo fit the
@@ -91,8 +91,9 @@ class DemoParameters(torch.nn.Module):
     def spelt_traces(self, rows: torch.Tensor, vocab: TrainedVocab) -> torch.Tensor:
         """[Vt, D]: the traces of the trained spelt tokens (zero elsewhere), from their pieces'
         `rows` as served (FP8), so that a warm start, which has only those, adds the same."""
-        return with_spelt_traces(torch.zeros_like(rows), tuple(vocab.ids.tolist()),
-                                 self.served_spell(), _fake_quantize("fp8_rows", rows))
+        trained_ids = tuple(vocab.ids.tolist())
+        return add_spelt_traces(torch.zeros_like(rows), trained_ids,
+                                _fake_quantize("fp8_rows", rows), trained_ids, self.served_spell())
 
     def served_spell(self) -> torch.Tensor | None:
         """`spell` as the compact stores it (bf16), with a straight-through gradient."""

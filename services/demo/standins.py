@@ -23,14 +23,15 @@ FIRST_PIECE_GAIN · row(first) + row(second) @ S + m, with the matrix S [D, D] a
 learned (`spell` is S with m as its last row). A call that starts a value with such a word must
 write the pieces, and a row of the word's own tells the model nothing about them; the trace
 does, for every such token alike, trained or not (4,609 under the committed vocabulary, 4,177 of
-them without a row), and the mark, one direction, tells the model the word is spelt at all. An untrained spelt token without
-a stand-in takes the hash-routing row of its first piece.
+them without a row), and the mark, one direction, tells the model the word is spelt at all. An
+untrained spelt token without a stand-in takes the hash-routing row of its first piece.
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import torch
 from tokenizers import Tokenizer
@@ -66,7 +67,8 @@ def spelt_pieces(trained_ids: tuple[int, ...]) -> dict[int, tuple[int, int]]:
     found = {}
     for token_id in range(tokenizer.get_vocab_size()):
         spelling = _spelling(tokenizer, token_id)
-        if spelling is None or not spelling.spaced or tokenizer.token_to_id(spelling.word) in trained:
+        if (spelling is None or not spelling.spaced
+                or tokenizer.token_to_id(spelling.word) in trained):
             continue
         pieces = tokenizer.encode(spelling.word, add_special_tokens=False).ids
         if len(pieces) == 2 and set(pieces) <= trained:
@@ -92,14 +94,15 @@ def trained_spelt(trained_ids: tuple[int, ...]) -> list[int]:
     return [row for row, token_id in enumerate(trained_ids) if token_id in pieces]
 
 
-def with_spelt_traces(rows: torch.Tensor, trained_ids: tuple[int, ...], spell: torch.Tensor,
-                      pieces_from: torch.Tensor) -> torch.Tensor:
-    """The trained rows, a trained spelt token's plus its trace (pieces' rows from
-    `pieces_from`)."""
-    spelt = trained_spelt(trained_ids)
+def add_spelt_traces(rows: torch.Tensor, token_ids: Sequence[int], pieces_from: torch.Tensor,
+                     trained_ids: tuple[int, ...], spell: torch.Tensor) -> torch.Tensor:
+    """`rows` ([len(token_ids), D]) with each spelt token's trace added, its pieces' rows taken
+    from `pieces_from` (the trained rows, in the order of `trained_ids`)."""
+    pieces = spelt_pieces(trained_ids)
+    spelt = [k for k, token_id in enumerate(token_ids) if token_id in pieces]
     if not spelt:
         return rows
-    traces = spelt_traces(pieces_from, trained_ids, [trained_ids[r] for r in spelt], spell)
+    traces = spelt_traces(pieces_from, trained_ids, [token_ids[k] for k in spelt], spell)
     return rows.index_add(0, torch.tensor(spelt, dtype=torch.int64), traces)
 
 
@@ -132,12 +135,7 @@ def untrained_rows(trained: torch.Tensor, trained_ids: tuple[int, ...], token_id
     rows = _stand_in_rows(trained, trained_ids, token_ids)
     if spell is None:
         return rows
-    pieces = spelt_pieces(trained_ids)
-    spelt = [k for k, t in enumerate(token_ids) if t in pieces]
-    if not spelt:
-        return rows
-    traces = spelt_traces(trained, trained_ids, [token_ids[k] for k in spelt], spell)
-    return rows.index_add(0, torch.tensor(spelt, dtype=torch.int64), traces)
+    return add_spelt_traces(rows, token_ids, trained, trained_ids, spell)
 
 
 def _stand_in_rows(trained: torch.Tensor, trained_ids: tuple[int, ...], token_ids: list[int]

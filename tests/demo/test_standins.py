@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from services.demo.encode import SceneEncoder
-from services.demo.standins import (FIRST_PIECE_GAIN, routing_ids, spelt_pieces, stand_ins,
-                                    untrained_rows, with_spelt_traces)
+from services.demo.standins import (FIRST_PIECE_GAIN, add_spelt_traces, routing_ids,
+                                    spelt_pieces, stand_ins, untrained_rows)
 
 TOKENIZER = SceneEncoder().tokenizer
 
@@ -83,7 +83,8 @@ def test_spelt_rows_carry_a_trace_of_their_pieces_trained_or_not() -> None:
     mean = trained.mean(dim=0)                                          # no stand-in
     trace = FIRST_PIECE_GAIN * row[token("K")] + row[token("ore")] @ spell[:8] + spell[8]
     assert torch.allclose(kore, mean + trace)
-    traced = dict(zip(SPELT_TRAINED, with_spelt_traces(trained, SPELT_TRAINED, spell, trained)))
+    traced = dict(zip(SPELT_TRAINED, add_spelt_traces(trained, SPELT_TRAINED, trained,
+                                                      SPELT_TRAINED, spell)))
     assert torch.allclose(traced[token("Ġsoup")], row[token("Ġsoup")]
                           + FIRST_PIECE_GAIN * row[token("s")] + row[token("oup")] @ spell[:8]
                           + spell[8])
