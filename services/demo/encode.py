@@ -39,8 +39,11 @@ class EncodedScene:
 
 
 class SceneEncoder:
-    def __init__(self) -> None:
+    def __init__(self, no_lone_s: bool = False) -> None:
+        """With `no_lone_s`, a copied value the prompt does not spell bare never starts with the
+        piece `s` (see `_without_lone_s`)."""
         self.tokenizer = Tokenizer.from_file(str(bundled_tokenizer_dir() / TOKENIZER_FILE))
+        self.lone_s = self.tokenizer.token_to_id("s") if no_lone_s else None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -121,6 +124,21 @@ class SceneEncoder:
         stripped = self.tokenizer.token_to_id(first[1:]) if first.startswith(SPACE) else None
         if stripped is not None and contains_run(prompt_ids, spaced_ids):
             return [stripped] + spaced_ids[1:]
+        return self.unspaced_value(value)
+
+    def unspaced_value(self, value: str) -> list[int]:
+        """The value's tokens after `">` or a quote when the prompt does not give them: its own,
+        but with `no_lone_s`, a value they start with the piece `s` (soup is `s`+`oup`) is spelt
+        from its shortest first piece of 2+ letters (`so`+`up`). `s` ends a plural far more often
+        than it starts a value, and every run since run R wrote the letter starts' s-words wrong
+        at a value's start (docs/demo-model.md)."""
+        bare = self.encode(value)
+        if self.lone_s is None or bare[:1] != [self.lone_s]:
+            return bare
+        for length in range(2, len(value.split(" ")[0])):
+            first = self.tokenizer.token_to_id(value[:length])
+            if first is not None:
+                return [first] + self.encode(value[length:])
         return bare
 
 

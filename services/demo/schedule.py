@@ -18,6 +18,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_short_options": False, "fresh_slash_pieces": 0.0,
                    "fresh_slash_ends": False, "fresh_letter_starts": False,
                    "fresh_respelt_calls": 0, "spelt_embeddings": False,
+                   "fresh_no_lone_s": False,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -113,6 +114,9 @@ class TrainSettings:
     # With `fresh_letter_starts`, a share of free-text values start with a word spelt from a
     # one-letter piece ("soup" as `s`+`oup`; fresh_values.with_letter_starts).
     fresh_letter_starts: bool = False
+    # With `fresh_no_lone_s`, a copied value whose spelling after `">` starts with the piece `s`
+    # starts with a piece of 2+ letters instead ("soup" as `so`+`up`; encode.SceneEncoder).
+    fresh_no_lone_s: bool = False
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
     # Run M (16 per step for 120 steps from run I2) wrote 272 of 400 calls right against 346:
@@ -196,7 +200,8 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                         "fresh_composed_wide", "fresh_path_parts", "fresh_unknown_words",
                         "fresh_word_values", "fresh_leading_heads", "fresh_listed_names",
                         "fresh_listed_drills", "fresh_short_options", "fresh_slash_pieces",
-                        "fresh_slash_ends", "fresh_letter_starts", "fresh_respelt_calls")}
+                        "fresh_slash_ends", "fresh_letter_starts", "fresh_respelt_calls",
+                        "fresh_no_lone_s")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

@@ -77,6 +77,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-letter-starts", action="store_true",
                         help="a share of fresh free-text values start with a word whose spelling "
                              "starts with a one-letter piece (\"soup\" as s+oup)")
+    parser.add_argument("--fresh-no-lone-s", action="store_true",
+                        help="a fresh call never starts a copied value with the piece s: "
+                             "\"soup\" is so+up, not s+oup")
     parser.add_argument("--fresh-respelt-calls", type=int, default=defaults.fresh_respelt_calls,
                         metavar="COUNT",
                         help="that many tool calls per fresh-phase step whose free-text values "
@@ -179,7 +182,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_listed_names=args.fresh_listed_names, fresh_listed_drills=args.fresh_listed_drills,
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
         fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts,
-        fresh_respelt_calls=args.fresh_respelt_calls, spelt_embeddings=args.spelt_embeddings)
+        fresh_respelt_calls=args.fresh_respelt_calls, spelt_embeddings=args.spelt_embeddings,
+        fresh_no_lone_s=args.fresh_no_lone_s)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

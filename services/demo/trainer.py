@@ -26,7 +26,8 @@ from services.demo.schedule import FIRST, FRESH, INDUCTION, SPAN, TrainSettings,
 from services.demo.state_file import write_state
 from services.demo.unknown_words import UnknownWords
 from services.demo.vocab import (VALUE_LEADS, RowMap, TrainedVocab, composed_vocabulary,
-                                 listed_name_vocabulary, scan_training, tie_structure)
+                                 listed_name_vocabulary, scan_training, tie_structure,
+                                 unspaced_s_vocabulary)
 from services.demo.warm_start import grown_names, load_compact
 from services.worker.model.checkpoint import expected_tensors
 from services.worker.model.transformer import DeepseekV4
@@ -55,7 +56,7 @@ class Trainer:
         self.settings = settings
         self.config = demo_config(settings.layers)
         self.specs = expected_tensors(self.config)
-        self.encoder = SceneEncoder()
+        self.encoder = SceneEncoder(no_lone_s=settings.fresh_no_lone_s)
         self.generator = DialogGenerator(settings.seed, held_out=False)
         saved = self._load()
         ids, self.training_values = ((saved["vocab_ids"], saved["training_values"]) if saved else
@@ -66,6 +67,8 @@ class Trainer:
                                                      wide=settings.fresh_composed_wide)})
         if (settings.fresh_listed_names or settings.fresh_listed_drills) and not saved:
             ids = sorted({*ids, *listed_name_vocabulary(self.encoder)})
+        if settings.fresh_no_lone_s and not saved:
+            ids = sorted({*ids, *unspaced_s_vocabulary(self.encoder)})
         self.vocab: TrainedVocab = tie_structure(list(ids), self.encoder)
         self.hash_table = (saved["hash_table"] if saved
                            else hash_routing_table(self.config, settings.seed))

@@ -14,7 +14,8 @@ from services.demo.dialogs import DialogGenerator
 from services.demo.encode import SceneEncoder
 from services.demo.evaluate import heldout_scenes
 from services.demo.tools import CATALOG
-from services.demo.vocab import listed_name_vocabulary, scan_training, tie_structure
+from services.demo.vocab import (listed_name_vocabulary, scan_training, tie_structure,
+                                 unspaced_s_vocabulary)
 from services.frontend.dsml_parser import parse_completion
 
 
@@ -258,6 +259,29 @@ def test_letter_starts_start_free_text_values_with_a_one_letter_piece(
     assert {"soup", "gym"} <= set(fresh_values.letter_start_words())
     with pytest.raises(ValueError):
         DialogGenerator(1, False, letter_starts=True)
+
+
+def test_without_lone_s_a_call_starts_an_s_word_with_a_piece_of_two_letters(
+        encoder: SceneEncoder) -> None:
+    """With `no_lone_s`, " soup volcanoes" in the request is `so`+`up` after `">`, not `s`+`oup`;
+    other values, and a value the prompt spells bare, keep their spelling; the text is the same."""
+    wide = SceneEncoder(no_lone_s=True)
+    prompt = encoder.encode("<｜User｜>Search the web for soup volcanoes, and for gym nights.")
+    text = '<｜DSML｜parameter name="query" string="true">{}</｜DSML｜parameter>'
+    tokens = [wide.tokenizer.id_to_token(i)
+              for i in wide.completion_ids(text.format("soup volcanoes"), ["soup volcanoes"], prompt)]
+    assert tokens[tokens.index('">') + 1:][:3] == ["so", "up", "Ġvolcanoes"]
+    plain = [encoder.tokenizer.id_to_token(i) for i in
+             encoder.completion_ids(text.format("soup volcanoes"), ["soup volcanoes"], prompt)]
+    assert plain[plain.index('">') + 1:][:2] == ["s", "oup"]
+    for value in ("gym nights", "sudo ls"):
+        assert (wide.completion_ids(text.format(value), [value], prompt)
+                == encoder.completion_ids(text.format(value), [value], prompt))
+    bare = encoder.encode("<｜User｜>Search for \"soup\".")
+    assert wide.completion_ids(text.format("soup"), ["soup"], bare) == encoder.completion_ids(
+        text.format("soup"), ["soup"], bare)
+    assert {"so", "up", "sp", "rint", "sa", "iling"} <= {
+        wide.tokenizer.id_to_token(i) for i in unspaced_s_vocabulary(wide)}
 
 
 def test_listed_names_put_training_cities_and_people_into_fresh_requests(
