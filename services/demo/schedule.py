@@ -116,6 +116,8 @@ class TrainSettings:
     fresh_letter_starts: bool = False
     # With `fresh_no_lone_s`, a copied value whose spelling after `">` starts with the piece `s`
     # starts with a piece of 2+ letters instead ("soup" as `so`+`up`; encode.SceneEncoder).
+    # Run R2 (120 steps from run I2 at peak 1e-4) still wrote every s-word start wrong: ~30 soup
+    # starts do not train a new `so` row (347 of 400 calls right against 346).
     fresh_no_lone_s: bool = False
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
@@ -126,6 +128,7 @@ class TrainSettings:
     # with a trace of theirs in its `embed` row (standins.py): ` Kore` carries `K` and `ore`.
     # Runs P1 and Q1 (with 8 respelt calls per step for 120 steps from run I2) wrote 290 and 284
     # of 400 calls right against 346: the first piece of a respelt start, never the second.
+    # Run R1 (traces, no respelt calls) wrote 339: its calls double words as well.
     spelt_embeddings: bool = False
     # That share of the call examples gets 1–2 words outside the trained vocabulary in its
     # request (unknown_words.py).
