@@ -41,7 +41,7 @@ class EncodedScene:
 class SceneEncoder:
     def __init__(self, no_lone_s: bool = False) -> None:
         """With `no_lone_s`, a copied value the prompt does not spell bare never starts with the
-        piece `s` (see `_without_lone_s`)."""
+        piece `s` (see `unspaced_value`)."""
         self.tokenizer = Tokenizer.from_file(str(bundled_tokenizer_dir() / TOKENIZER_FILE))
         self.lone_s = self.tokenizer.token_to_id("s") if no_lone_s else None
 
@@ -127,9 +127,9 @@ class SceneEncoder:
         return self.unspaced_value(value)
 
     def unspaced_value(self, value: str) -> list[int]:
-        """The value's tokens after `">` or a quote when the prompt does not give them: its own,
-        but with `no_lone_s`, a value they start with the piece `s` (soup is `s`+`oup`) is spelt
-        from its shortest first piece of 2+ letters (`so`+`up`). `s` ends a plural far more often
+        """The value's tokens after `">` or a quote when the prompt does not give them: its own;
+        with `no_lone_s`, a value whose own tokens start with the piece `s` (soup is `s`+`oup`)
+        is spelt from its shortest first piece of 2+ letters instead (`so`+`up`). `s` ends a plural far more often
         than it starts a value, and every run since run R wrote the letter starts' s-words wrong
         at a value's start (docs/demo-model.md)."""
         bare = self.encode(value)

@@ -268,11 +268,12 @@ def test_without_lone_s_a_call_starts_an_s_word_with_a_piece_of_two_letters(
     wide = SceneEncoder(no_lone_s=True)
     prompt = encoder.encode("<｜User｜>Search the web for soup volcanoes, and for gym nights.")
     text = '<｜DSML｜parameter name="query" string="true">{}</｜DSML｜parameter>'
+    soup = text.format("soup volcanoes")
     tokens = [wide.tokenizer.id_to_token(i)
-              for i in wide.completion_ids(text.format("soup volcanoes"), ["soup volcanoes"], prompt)]
+              for i in wide.completion_ids(soup, ["soup volcanoes"], prompt)]
     assert tokens[tokens.index('">') + 1:][:3] == ["so", "up", "Ġvolcanoes"]
-    plain = [encoder.tokenizer.id_to_token(i) for i in
-             encoder.completion_ids(text.format("soup volcanoes"), ["soup volcanoes"], prompt)]
+    plain = [encoder.tokenizer.id_to_token(i)
+             for i in encoder.completion_ids(soup, ["soup volcanoes"], prompt)]
     assert plain[plain.index('">') + 1:][:2] == ["s", "oup"]
     for value in ("gym nights", "sudo ls"):
         assert (wide.completion_ids(text.format(value), [value], prompt)
