@@ -16,6 +16,8 @@ from typing import Any, Callable, Optional
 from services.demo import fresh_values, phrasing, values
 from services.demo.composed import Composer, ValuePhrases
 from services.demo.scene import Example, Scene
+from services.demo.call_text import (call_reasoning, placeholders, string_values, surface_of,
+                                     tool_json)
 from services.demo.tools import CATALOG, SHELL_INTENTS, Param, ToolSpec
 
 CHAT_EVERY = 6               # every 6th training scene is chat-only (no tools declared)
@@ -168,18 +170,18 @@ class DialogGenerator:
             novel: list[str] = []
         else:
             template, phrases = self._template(rng, spec, declared)
-            args, surfaces = self._fill(rng, spec, _placeholders(template, spec), phrases)
+            args, surfaces = self._fill(rng, spec, placeholders(template, spec), phrases)
             user = template.format(**surfaces)
-            novel = _strings({p.name: args[p.name] for p in spec.params
+            novel = string_values({p.name: args[p.name] for p in spec.params
                               if p.name in args and p.maker not in ("enum", "bool")})
         thinking = rng.random() < self.thinking_share
         call = {"id": f"call_{rng.randrange(16 ** 8):08x}", "type": "function",
                 "function": {"name": spec.name, "arguments": json.dumps(args, ensure_ascii=False)}}
         target: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
         if thinking:
-            target["reasoning_content"] = _call_reasoning(spec, args)
+            target["reasoning_content"] = call_reasoning(spec, args)
         return Example("call", [{"role": "user", "content": user}], target, thinking,
-                       _strings(args), (spec.name, args), novel)
+                       string_values(args), (spec.name, args), novel)
 
     # ---- internals ----------------------------------------------------------------------------
     def _template(self, rng: random.Random, spec: ToolSpec, declared: set[str]
@@ -192,7 +194,7 @@ class DialogGenerator:
             if composed is not None:
                 return composed, self.composer.value_phrases(spec)
         templates = [t for t in (spec.held_out if self.held_out else spec.train)
-                     if set(_placeholders(t, spec)) <= declared]
+                     if set(placeholders(t, spec)) <= declared]
         template = rng.choice(templates)
         if self.frames and rng.random() < FRAMED_SHARE:
             template = phrasing.framed(template, rng, spec.held_out)
@@ -212,7 +214,7 @@ class DialogGenerator:
     def _answer(self, rng: random.Random, spec: ToolSpec, call: Example) -> Example:
         """The turn after the call: the tool's result comes back and the model answers from it."""
         _, args = call.expected_call
-        fields = {**{k: _surface_of(v) for k, v in args.items()}, **self._result_fields(rng, args)}
+        fields = {**{k: surface_of(v) for k, v in args.items()}, **self._result_fields(rng, args)}
         result = spec.result.format(**fields)
         answer = spec.answer.format(result=result, **fields)
         history = dict(call.target)
@@ -265,7 +267,7 @@ class DialogGenerator:
         if kind == "list":
             items = list(dict.fromkeys(self._text(rng, spec)
                                        for _ in range(rng.randint(1, 3))))
-            return items, _surface_of(items)
+            return items, surface_of(items)
         text = self._text(rng, kind)
         return text, text
 
@@ -286,41 +288,3 @@ class DialogGenerator:
                 "price": f"{rng.randint(20, 900)}.{rng.randint(0, 99):02d}",
                 "sentence": values.sentence(rng, self.held_out),
                 "file_name": values.file_name(rng, self.held_out)}
-
-
-def tool_json(spec: ToolSpec, rng: random.Random, held_out: bool) -> dict[str, Any]:
-    """The declared tool: required parameters always, each optional one with probability 0.7."""
-    params = [p for p in spec.params if p.name in spec.required or rng.random() < 0.7]
-    parameters: dict[str, Any] = {"type": "object",
-                                  "properties": {p.name: p.schema for p in params},
-                                  "required": list(spec.required)}
-    if rng.random() < 0.6:
-        parameters["additionalProperties"] = False
-    function: dict[str, Any] = {"name": spec.name, "description": spec.description,
-                                "parameters": parameters}
-    if rng.random() < 0.5:
-        function["strict"] = True
-    return {"type": "function", "function": function}
-
-
-def _placeholders(template: str, spec: ToolSpec) -> list[str]:
-    return [p.name for p in spec.params if "{" + p.name + "}" in template]
-
-
-def _surface_of(value: Any) -> str:
-    if isinstance(value, list):
-        items = [str(v) for v in value]
-        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _strings(args: dict[str, Any]) -> list[str]:
-    found: list[str] = []
-    for value in args.values():
-        found.extend(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
-    return found
-
-
-def _call_reasoning(spec: ToolSpec, args: dict[str, Any]) -> str:
-    details = ", ".join(f"{key} {_surface_of(value)}" for key, value in args.items())
-    return f"The user wants {spec.name} with {details}. I will call the tool."

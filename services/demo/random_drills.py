@@ -20,7 +20,8 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator, tool_json
+from services.demo.call_text import tool_json
+from services.demo.dialogs import SYSTEM_PROMPTS, DialogGenerator
 from services.demo.encode import SPACE, SceneEncoder, contains_run
 from services.demo.scene import Example, Scene
 from services.demo.tools import CATALOG
