@@ -54,7 +54,8 @@ class DialogGenerator:
                  long_values: bool = False, composed_share: float = 0.0,
                  composer: Optional[Composer] = None, path_parts: bool = False,
                  listed_names: float = 0.0, short_options: bool = False,
-                 slash_ends: bool = False, letter_starts: bool = False):
+                 slash_ends: bool = False, letter_starts: bool = False,
+                 s_starts: float = 0.0):
         """`strings`, if given, draws every free-text argument value (in place of the lists);
         `fresh` draws every value anew (fresh_values.py: training only) instead of from lists;
         `accepts`, if given, redraws a value it refuses (up to REDRAWS times: e.g. one whose
@@ -70,7 +71,7 @@ class DialogGenerator:
         `fresh`) ends a share of directories and paths with a slash-merged piece
         (`fresh_values.with_slash_ends`); `letter_starts` (with `fresh`) starts a share of
         free-text values with a word spelt from a one-letter piece
-        (`fresh_values.with_letter_starts`)."""
+        (`fresh_values.with_letter_starts`), `s_starts` of those words spelt from `s`."""
         if fresh and held_out:
             raise ValueError("fresh values are training values")
         if composed_share and held_out:
@@ -93,8 +94,10 @@ class DialogGenerator:
             self.makers = fresh_values.with_short_options(self.makers)
         if slash_ends:
             self.makers = fresh_values.with_slash_ends(self.makers)
+        if s_starts and not letter_starts:
+            raise ValueError("s starts are a share of the letter starts")
         if letter_starts:
-            self.makers = fresh_values.with_letter_starts(self.makers)
+            self.makers = fresh_values.with_letter_starts(self.makers, s_starts)
         self.drill_chain = fresh_values.drill_chain if fresh else values.drill_chain
         self.accepts = accepts
         self.frames = frames

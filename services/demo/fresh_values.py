@@ -269,16 +269,24 @@ def letter_start_words() -> list[str]:
             if len(tokenizer.encode(word, add_special_tokens=False).tokens[0]) == 1]
 
 
-def with_letter_starts(makers: dict[str, Maker]) -> dict[str, Maker]:
+def s_start_words() -> list[str]:
+    """The `letter_start_words` whose one-letter first piece is `s`."""
+    return [word for word in letter_start_words() if word.startswith("s")]
+
+
+def with_letter_starts(makers: dict[str, Maker], s_share: float = 0.0) -> dict[str, Maker]:
     """`makers` whose lower-case free-text values start, in LETTER_START_SHARE of draws, with a
-    `letter_start_words` word in place of their first word."""
+    `letter_start_words` word in place of their first word; in `s_share` of those, one of the
+    words spelt from `s` (soup, sprint, soccer, sailing: drawn evenly they start ~1 value in 40)."""
     def letter_start(maker: Maker) -> Maker:
         def make(rng: random.Random, held_out: bool = False) -> str:
             value = maker(rng)
             if rng.random() >= LETTER_START_SHARE:
                 return value
             rest = value.split(" ")[1:]
-            start = rng.choice([word for word in letter_start_words() if word not in rest])
+            words = (s_start_words() if s_share and rng.random() < s_share
+                     else letter_start_words())
+            start = rng.choice([word for word in words if word not in rest])
             return " ".join([start, *rest])
         return make
     return {**makers, **{kind: letter_start(makers[kind]) for kind in LOWER_CASE_TEXT_KINDS}}

@@ -18,7 +18,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_short_options": False, "fresh_slash_pieces": 0.0,
                    "fresh_slash_ends": False, "fresh_letter_starts": False,
                    "fresh_respelt_calls": 0, "spelt_embeddings": False,
-                   "fresh_no_lone_s": False,
+                   "fresh_no_lone_s": False, "fresh_s_starts": 0.0,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -119,6 +119,10 @@ class TrainSettings:
     # Run R2 (120 steps from run I2 at peak 1e-4) still wrote every s-word start wrong: ~30 soup
     # starts do not train a new `so` row (347 of 400 calls right against 346).
     fresh_no_lone_s: bool = False
+    # With `fresh_letter_starts`, that share of the letter-start words are the four spelt from
+    # `s`: evenly drawn, ~30 of them start a value in 120 steps, too few to train the pieces
+    # `fresh_no_lone_s` adds (run R2).
+    fresh_s_starts: float = 0.0
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
     # Run M (16 per step for 120 steps from run I2) wrote 272 of 400 calls right against 346:
@@ -204,7 +208,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                         "fresh_word_values", "fresh_leading_heads", "fresh_listed_names",
                         "fresh_listed_drills", "fresh_short_options", "fresh_slash_pieces",
                         "fresh_slash_ends", "fresh_letter_starts", "fresh_respelt_calls",
-                        "fresh_no_lone_s")}
+                        "fresh_no_lone_s", "fresh_s_starts")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

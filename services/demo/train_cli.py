@@ -80,6 +80,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-no-lone-s", action="store_true",
                         help="a fresh call never starts a copied value with the piece s: "
                              "\"soup\" is so+up, not s+oup")
+    parser.add_argument("--fresh-s-starts", type=float, default=defaults.fresh_s_starts,
+                        metavar="SHARE",
+                        help="with --fresh-letter-starts, that share of the letter-start words "
+                             "are the ones spelt from s (soup, sprint, soccer, sailing)")
     parser.add_argument("--fresh-respelt-calls", type=int, default=defaults.fresh_respelt_calls,
                         metavar="COUNT",
                         help="that many tool calls per fresh-phase step whose free-text values "
@@ -183,7 +187,7 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
         fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts,
         fresh_respelt_calls=args.fresh_respelt_calls, spelt_embeddings=args.spelt_embeddings,
-        fresh_no_lone_s=args.fresh_no_lone_s)
+        fresh_no_lone_s=args.fresh_no_lone_s, fresh_s_starts=args.fresh_s_starts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -93,7 +93,8 @@ class Trainer:
                                                listed_names=settings.fresh_listed_names,
                                                short_options=settings.fresh_short_options,
                                                slash_ends=settings.fresh_slash_ends,
-                                               letter_starts=settings.fresh_letter_starts)
+                                               letter_starts=settings.fresh_letter_starts,
+                                               s_starts=settings.fresh_s_starts)
         self.unknown_words = (UnknownWords(self.vocab, self.encoder, settings.seed,
                                            settings.fresh_unknown_words)
                               if settings.fresh_unknown_words else None)

@@ -261,6 +261,22 @@ def test_letter_starts_start_free_text_values_with_a_one_letter_piece(
         DialogGenerator(1, False, letter_starts=True)
 
 
+def test_s_starts_raise_the_share_of_values_started_by_an_s_word() -> None:
+    """With `s_starts`, that share of the letter-start words are the four spelt from `s` (soup,
+    sprint, soccer, sailing): several times as many values start with one as drawn evenly."""
+    def first_words(generator: DialogGenerator, count: int = 400) -> list[str]:
+        rng = random.Random(11)
+        return [generator.makers["words"](rng, False).split(" ")[0] for _ in range(count)]
+
+    s_words = set(fresh_values.s_start_words())
+    assert s_words == {"soup", "sprint", "soccer", "sailing"}
+    even = first_words(DialogGenerator(1, False, fresh=True, letter_starts=True))
+    half = first_words(DialogGenerator(1, False, fresh=True, letter_starts=True, s_starts=0.5))
+    assert sum(w in s_words for w in half) > 3 * sum(w in s_words for w in even) > 0
+    with pytest.raises(ValueError):
+        DialogGenerator(1, False, fresh=True, s_starts=0.5)
+
+
 def test_without_lone_s_a_call_starts_an_s_word_with_a_piece_of_two_letters(
         encoder: SceneEncoder) -> None:
     """With `no_lone_s`, " soup volcanoes" in the request is `so`+`up` after `">`, not `s`+`oup`;

@@ -275,7 +275,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--fresh-listed-drills", "32", "--fresh-short-options",
                        "--fresh-slash-pieces", "0.25", "--fresh-slash-ends",
                        "--fresh-letter-starts", "--fresh-respelt-calls", "12",
-                       "--spelt-embeddings", "--fresh-no-lone-s"])
+                       "--spelt-embeddings", "--fresh-no-lone-s", "--fresh-s-starts", "0.5"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
@@ -285,7 +285,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert settings.fresh_short_options and settings.fresh_slash_pieces == 0.25
     assert settings.fresh_slash_ends and settings.fresh_letter_starts
     assert settings.fresh_respelt_calls == 12 and settings.spelt_embeddings
-    assert settings.fresh_no_lone_s
+    assert settings.fresh_no_lone_s and settings.fresh_s_starts == 0.5
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -300,6 +300,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_letter_starts=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_respelt_calls=0), started)
     assert not continues(asdict(settings), replace(settings, fresh_no_lone_s=False), started)
+    assert not continues(asdict(settings), replace(settings, fresh_s_starts=0.0), started)
     assert not continues(asdict(settings), replace(settings, spelt_embeddings=False), 1)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
