@@ -277,7 +277,7 @@ def s_start_words() -> list[str]:
 def with_letter_starts(makers: dict[str, Maker], s_share: float = 0.0) -> dict[str, Maker]:
     """`makers` whose lower-case free-text values start, in LETTER_START_SHARE of draws, with a
     `letter_start_words` word in place of their first word; in `s_share` of those, one of the
-    words spelt from `s` (soup, sprint, soccer, sailing: drawn evenly they start ~1 value in 40)."""
+    words spelt from `s` (soup, sprint, soccer, sailing: drawn evenly, they start ~1 value in 16)."""
     def letter_start(maker: Maker) -> Maker:
         def make(rng: random.Random, held_out: bool = False) -> str:
             value = maker(rng)

@@ -16,7 +16,7 @@ import torch
 from services.demo.composed import Composer
 from services.demo.dialogs import FRAMED_SHARE, DialogGenerator
 from services.demo.encode import SPACE, SceneEncoder
-from services.demo.fresh_values import LISTED_NAME_KINDS, letter_start_words
+from services.demo.fresh_values import LISTED_NAME_KINDS, s_start_words
 from services.demo.lists import pool
 from services.demo.tools import CATALOG
 
@@ -131,8 +131,7 @@ def listed_name_vocabulary(encoder: SceneEncoder) -> list[int]:
 def unspaced_s_vocabulary(encoder: SceneEncoder) -> list[int]:
     """Token ids of the letter starts' s-words as a call spells them with `no_lone_s` (`so`+`up`):
     what a run with it adds to the scan (`so`, `sp`, `rint`, `cc` and `iling` had no row)."""
-    return sorted({token for word in letter_start_words() if word.startswith("s")
-                   for token in encoder.unspaced_value(word)})
+    return sorted({token for word in s_start_words() for token in encoder.unspaced_value(word)})
 
 
 def _template_ids(encoder: SceneEncoder, composer: Composer, samples: int) -> set[int]:
