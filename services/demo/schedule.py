@@ -120,8 +120,8 @@ class TrainSettings:
     # starts do not train a new `so` row (347 of 400 calls right against 346).
     fresh_no_lone_s: bool = False
     # With `fresh_letter_starts`, that share of the letter-start words are the four spelt from
-    # `s`: evenly drawn, ~30 of them start a value in 120 steps, too few to train the pieces
-    # `fresh_no_lone_s` adds (run R2).
+    # `s`: evenly drawn, ~30 soup starts in 120 steps did not train the pieces `fresh_no_lone_s`
+    # adds (run R2); run S1 (0.5, nearly four times the starts) wrote them as wrong (346 of 400).
     fresh_s_starts: float = 0.0
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
