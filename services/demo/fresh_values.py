@@ -269,6 +269,7 @@ def letter_start_words() -> list[str]:
             if len(tokenizer.encode(word, add_special_tokens=False).tokens[0]) == 1]
 
 
+@cache
 def s_start_words() -> list[str]:
     """The `letter_start_words` whose one-letter first piece is `s`."""
     return [word for word in letter_start_words() if word.startswith("s")]
