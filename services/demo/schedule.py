@@ -19,6 +19,7 @@ LEGACY_SETTINGS = {"copy_cosine_steps": 0, "induction_steps": 0, "random_calls":
                    "fresh_slash_ends": False, "fresh_letter_starts": False,
                    "fresh_respelt_calls": 0, "spelt_embeddings": False,
                    "fresh_no_lone_s": False, "fresh_s_starts": 0.0,
+                   "fresh_call_spelling": False,
                    "layers": DEMO_LAYERS, "grown_learning_rate_scale": 1.0}
 
 
@@ -123,6 +124,12 @@ class TrainSettings:
     # `s`: evenly drawn, ~30 soup starts in 120 steps did not train the pieces `fresh_no_lone_s`
     # adds (run R2); run S1 (0.5, nearly four times the starts) wrote them as wrong (346 of 400).
     fresh_s_starts: float = 0.0
+    # With `fresh_call_spelling`, a fresh value is kept when the trained vocabulary spells it as a
+    # request does (after a space) and as a call writes it (encode.SceneEncoder.call_spelling).
+    # Without it, also as canonical BPE after a quote, which merges `"` with a first A, C, D, I,
+    # M, N, S, `/`, `-`, `_` or the s of soup, sprint, soccer, sailing into tokens without a row:
+    # every such value was redrawn, so the fresh phases before run R5 never trained them.
+    fresh_call_spelling: bool = False
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).
     # Run M (16 per step for 120 steps from run I2) wrote 272 of 400 calls right against 346:
@@ -208,7 +215,7 @@ def continues(saved: dict, current: TrainSettings, steps_done: int) -> bool:
                         "fresh_word_values", "fresh_leading_heads", "fresh_listed_names",
                         "fresh_listed_drills", "fresh_short_options", "fresh_slash_pieces",
                         "fresh_slash_ends", "fresh_letter_starts", "fresh_respelt_calls",
-                        "fresh_no_lone_s", "fresh_s_starts")}
+                        "fresh_no_lone_s", "fresh_s_starts", "fresh_call_spelling")}
     used = {before.phase(i) for i in range(steps_done)}
     same = [k for k in data + tuple(k for p in used for k in by_phase.get(p, ()))]
     return (all(getattr(before, k) == getattr(current, k) for k in same)

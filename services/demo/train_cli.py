@@ -84,6 +84,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         metavar="SHARE",
                         help="with --fresh-letter-starts, that share of the letter-start words "
                              "are the ones spelt from s (soup, sprint, soccer, sailing)")
+    parser.add_argument("--fresh-call-spelling", action="store_true",
+                        help="keep a fresh value the vocabulary spells as a request and a call "
+                             "do; without it, canonical BPE after a quote must be spelt too, "
+                             "which refuses every value starting with A, C, D, I, M, N, S, / or "
+                             "soup (\"N is one token without a row)")
     parser.add_argument("--fresh-respelt-calls", type=int, default=defaults.fresh_respelt_calls,
                         metavar="COUNT",
                         help="that many tool calls per fresh-phase step whose free-text values "
@@ -187,7 +192,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
         fresh_short_options=args.fresh_short_options, fresh_slash_pieces=args.fresh_slash_pieces,
         fresh_slash_ends=args.fresh_slash_ends, fresh_letter_starts=args.fresh_letter_starts,
         fresh_respelt_calls=args.fresh_respelt_calls, spelt_embeddings=args.spelt_embeddings,
-        fresh_no_lone_s=args.fresh_no_lone_s, fresh_s_starts=args.fresh_s_starts)
+        fresh_no_lone_s=args.fresh_no_lone_s, fresh_s_starts=args.fresh_s_starts,
+        fresh_call_spelling=args.fresh_call_spelling)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -179,9 +179,15 @@ class Trainer:
         return kept_scenes
 
     def _spelled_by_vocab(self, value: str) -> bool:
-        """Whether the trained vocabulary has every token of `value` after a space and after a
-        quote (how requests and calls spell it)."""
-        return all(self.vocab.covers(self.encoder.encode(lead + value)) for lead in VALUE_LEADS)
+        """Whether the trained vocabulary has every token of `value` after a space and as a call
+        writes it; without `fresh_call_spelling`, after a space and in canonical BPE after a
+        quote (see TrainSettings). A request that quotes the value may still hold a token
+        without a row (`"N`): that example is left out of its step (`training_scenes`)."""
+        if not self.settings.fresh_call_spelling:
+            return all(self.vocab.covers(self.encoder.encode(lead + value))
+                       for lead in VALUE_LEADS)
+        return (self.vocab.covers(self.encoder.encode(" " + value))
+                and self.vocab.covers(self.encoder.call_spelling(value)))
 
     def _holds_heldout_value(self, copied: list[str]) -> bool:
         """Whether a copy-phase value holds a held-out value: its stream is not part of the

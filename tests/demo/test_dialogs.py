@@ -277,6 +277,26 @@ def test_s_starts_raise_the_share_of_values_started_by_an_s_word() -> None:
         DialogGenerator(1, False, fresh=True, s_starts=0.5)
 
 
+def test_a_call_spells_a_value_said_after_a_space_with_the_requests_tokens_first_made_bare(
+        encoder: SceneEncoder) -> None:
+    """`call_spelling` is what a call writes after `">` for a value the request says after a
+    space: ` Paris` becomes `Paris`; ` soup` has no bare twin, so it is the value's own pieces."""
+    wide = SceneEncoder(no_lone_s=True)
+    assert _call_pieces(encoder, "Paris rivers") == ["Paris", "Ġrivers"]
+    assert _call_pieces(encoder, "soup rivers") == ["s", "oup", "Ġrivers"]
+    assert _call_pieces(wide, "soup rivers") == ["so", "up", "Ġrivers"]
+    prompt = encoder.encode("<｜User｜>Search the web for soup rivers and Paris rivers.")
+    text = '<｜DSML｜parameter name="query" string="true">{}</｜DSML｜parameter>'
+    for value in ("soup rivers", "Paris rivers"):
+        ids = wide.completion_ids(text.format(value), [value], prompt)
+        start = ids.index(wide.tokenizer.token_to_id('">')) + 1
+        assert ids[start:start + len(wide.call_spelling(value))] == wide.call_spelling(value)
+
+
+def _call_pieces(encoder: SceneEncoder, value: str) -> list[str]:
+    return [encoder.tokenizer.id_to_token(i) for i in encoder.call_spelling(value)]
+
+
 def test_without_lone_s_a_call_starts_an_s_word_with_a_piece_of_two_letters(
         encoder: SceneEncoder) -> None:
     """With `no_lone_s`, " soup volcanoes" in the request is `so`+`up` after `">`, not `s`+`oup`;

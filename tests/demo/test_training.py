@@ -19,6 +19,7 @@ from services.demo.train_cli import main, parse_args, train_settings
 from services.demo.schedule import COPY, FIRST, FRESH, SPAN, continues
 from services.demo.standins import spelt_pieces, trained_spelt
 from services.demo.trainer import STATE_FILE, Trainer, TrainSettings, WarmStart
+from services.demo.vocab import tie_structure
 
 TINY_RUN = TrainSettings(steps=2, examples_per_scene=2)
 
@@ -133,6 +134,23 @@ def test_a_fresh_phase_step_learns_the_fresh_stream_and_random_drills(tmp_path: 
     sizes = [len(s.examples) for s in trainer.training_scenes(1)]
     assert asked == [(1, 3, 2), 0.25, (5, True)] and sizes[-1] == 4 and len(sizes) > 1
     assert trainer.fresh_generator.makers is not trainer.generator.makers
+
+
+@pytest.mark.parametrize("call_spelling", [False, True])
+def test_with_call_spelling_a_fresh_value_a_quote_merges_into_a_rowless_token_is_kept(
+        tmp_path: Path, call_spelling: bool) -> None:
+    """`"soup` is `"s`+`oup` in canonical BPE: with rows for the request's ` soup` and the call's
+    `so`+`up` but none for `"s`, the value is kept only with `fresh_call_spelling` (the old check
+    redrew it, so soup never started a fresh value)."""
+    settings = TrainSettings(steps=1, examples_per_scene=2, fresh_no_lone_s=True,
+                             fresh_call_spelling=call_spelling)
+    trainer = Trainer(tmp_path, settings)
+    encoder = trainer.encoder
+    needed = encoder.encode(" soup") + encoder.call_spelling("soup")
+    trainer.vocab = tie_structure(sorted({*trainer.vocab.ids.tolist(), *needed}), encoder)
+    assert not trainer.vocab.covers(encoder.encode('"soup'))
+    assert trainer._spelled_by_vocab("soup") is call_spelling
+    assert not trainer._spelled_by_vocab("sprint")
 
 
 def _exported(trainer: Trainer, out: Path) -> Path:
@@ -275,7 +293,8 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
                        "--fresh-listed-drills", "32", "--fresh-short-options",
                        "--fresh-slash-pieces", "0.25", "--fresh-slash-ends",
                        "--fresh-letter-starts", "--fresh-respelt-calls", "12",
-                       "--spelt-embeddings", "--fresh-no-lone-s", "--fresh-s-starts", "0.5"])
+                       "--spelt-embeddings", "--fresh-no-lone-s", "--fresh-s-starts", "0.5",
+                       "--fresh-call-spelling"])
     settings = train_settings(args)
     assert settings.layers == 5 and settings.grown_learning_rate_scale == 10
     assert settings.fresh_path_parts and settings.fresh_unknown_words == 0.5
@@ -286,6 +305,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert settings.fresh_slash_ends and settings.fresh_letter_starts
     assert settings.fresh_respelt_calls == 12 and settings.spelt_embeddings
     assert settings.fresh_no_lone_s and settings.fresh_s_starts == 0.5
+    assert settings.fresh_call_spelling
     assert settings.fresh_composed == 0.5 and settings.fresh_steps == 3
     started = settings.steps + settings.copy_steps + 1
     assert not continues(asdict(settings), replace(settings, fresh_unknown_words=0.25), started)
@@ -301,6 +321,7 @@ def test_the_fresh_phase_flags_reach_the_recipe_and_a_saved_state_keeps_them() -
     assert not continues(asdict(settings), replace(settings, fresh_respelt_calls=0), started)
     assert not continues(asdict(settings), replace(settings, fresh_no_lone_s=False), started)
     assert not continues(asdict(settings), replace(settings, fresh_s_starts=0.0), started)
+    assert not continues(asdict(settings), replace(settings, fresh_call_spelling=False), started)
     assert not continues(asdict(settings), replace(settings, spelt_embeddings=False), 1)
     assert not continues(asdict(settings), replace(settings, layers=4), 1)
     assert not continues(asdict(settings), replace(settings, grown_learning_rate_scale=1), 1)
