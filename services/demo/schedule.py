@@ -117,12 +117,12 @@ class TrainSettings:
     fresh_letter_starts: bool = False
     # With `fresh_no_lone_s`, a copied value whose spelling after `">` starts with the piece `s`
     # starts with a piece of 2+ letters instead ("soup" as `so`+`up`; encode.SceneEncoder).
-    # Run R2 (120 steps from run I2 at peak 1e-4) still wrote every s-word start wrong: ~30 soup
-    # starts do not train a new `so` row (347 of 400 calls right against 346).
+    # Run R2 (120 steps from run I2 at peak 1e-4) still wrote every s-word start wrong: without
+    # `fresh_call_spelling` its stream kept no s-word start (347 of 400 calls right against 346).
     fresh_no_lone_s: bool = False
     # With `fresh_letter_starts`, that share of the letter-start words are the four spelt from
-    # `s`: evenly drawn, ~30 soup starts in 120 steps did not train the pieces `fresh_no_lone_s`
-    # adds (run R2); run S1 (0.5, nearly four times the starts) wrote them as wrong (346 of 400).
+    # `s` (evenly drawn: ~30 soup starts in 120 steps). Without `fresh_call_spelling` every one
+    # was redrawn: run S1 (0.5) wrote them as wrong as run R2 (346 of 400).
     fresh_s_starts: float = 0.0
     # With `fresh_call_spelling`, a fresh value is kept when the trained vocabulary spells it as a
     # request does (after a space) and as a call writes it (encode.SceneEncoder.call_spelling).
