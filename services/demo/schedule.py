@@ -126,9 +126,10 @@ class TrainSettings:
     fresh_s_starts: float = 0.0
     # With `fresh_call_spelling`, a fresh value is kept when the trained vocabulary spells it as a
     # request does (after a space) and as a call writes it (encode.SceneEncoder.call_spelling).
-    # Without it, also as canonical BPE after a quote, which merges `"` with a first A, C, D, I,
-    # M, N, S, `/`, `-`, `_` or the s of soup, sprint, soccer, sailing into tokens without a row:
-    # every such value was redrawn, so the fresh phases before run R5 never trained them.
+    # Without it, also as canonical BPE after a quote, which merges `"` with some first
+    # characters (`/`, the s of soup, sprint, soccer, sailing, an N or M before some letters …)
+    # into tokens without a row: every such value was redrawn, so the fresh phases before run R5
+    # all but never trained absolute paths and never an s-word start.
     fresh_call_spelling: bool = False
     # That many tool calls per step whose free-text values are random strings starting with a
     # spaced token a call respells (` Nir` as `N`+`ir`; random_drills.RandomDrills.call_scene).

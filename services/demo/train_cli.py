@@ -87,8 +87,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--fresh-call-spelling", action="store_true",
                         help="keep a fresh value the vocabulary spells as a request and a call "
                              "do; without it, canonical BPE after a quote must be spelt too, "
-                             "which refuses every value starting with A, C, D, I, M, N, S, / or "
-                             "soup (\"N is one token without a row)")
+                             "which refuses values BPE merges with the quote (\"/ of every "
+                             "absolute path, \"s of soup, \"N: tokens without a row)")
     parser.add_argument("--fresh-respelt-calls", type=int, default=defaults.fresh_respelt_calls,
                         metavar="COUNT",
                         help="that many tool calls per fresh-phase step whose free-text values "
