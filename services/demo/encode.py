@@ -119,14 +119,17 @@ class SceneEncoder:
         bare = self.encode(value)
         if contains_run(prompt_ids, bare):
             return bare
-        if contains_run(prompt_ids, self.encode(" " + value)):
-            return self.call_spelling(value)
+        spaced_ids = self.encode(" " + value)
+        if contains_run(prompt_ids, spaced_ids):
+            return self._first_made_bare(spaced_ids, value)
         return self.unspaced_value(value)
 
     def call_spelling(self, value: str) -> list[int]:
         """The value's tokens after `">` or a quote when the request spells it after a space: the
         request's tokens with the first one bare, or `unspaced_value` when that has no bare twin."""
-        spaced_ids = self.encode(" " + value)
+        return self._first_made_bare(self.encode(" " + value), value)
+
+    def _first_made_bare(self, spaced_ids: list[int], value: str) -> list[int]:
         first = self.tokenizer.id_to_token(spaced_ids[0])
         stripped = self.tokenizer.token_to_id(first[1:]) if first.startswith(SPACE) else None
         if stripped is None:
